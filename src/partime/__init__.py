@@ -1,0 +1,12 @@
+"""partime: a deep network that keeps up with a stream.
+
+An ``nn.Sequential`` is cut into D contiguous stages that work at once on D different samples,
+for inference and for online learning; see SPEC.md for what is computed at every tick.
+"""
+
+from .errors import PipelineClosedError, StageError, WorkerDiedError
+from .executors import Result
+from .pipeline import Pipeline
+
+__all__ = ["Pipeline", "PipelineClosedError", "Result", "StageError", "WorkerDiedError"]
+__version__ = "0.1.0"

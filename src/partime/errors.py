@@ -1,0 +1,36 @@
+"""Errors that partime raises (internal module; the public names are re-exported by ``partime``)."""
+
+from __future__ import annotations
+
+
+class PipelineClosedError(RuntimeError):
+    """The pipeline was used before it was opened or after it was closed."""
+
+
+class StageError(RuntimeError):
+    """A stage failed while running a sample.
+
+    Carries the stage index, the sample index, the phase (``forward``, ``loss``, ``backward``
+    or ``step``) and the original traceback as text (from the worker process where the stage ran,
+    if it ran in another process). Where the original exception could be brought back it is the
+    ``__cause__`` of this one.
+    """
+
+    def __init__(self, stage: int, sample: int | None, phase: str, message: str, traceback: str = ""):
+        self.stage = stage
+        self.sample = sample
+        self.phase = phase
+        self.message = message
+        self.traceback = traceback
+        where = f"stage {stage}" + (f", sample {sample}" if sample is not None else "")
+        text = f"{where}, {phase}: {message}"
+        if traceback:
+            text += "\n\nOriginal traceback (in the stage):\n" + traceback.rstrip()
+        super().__init__(text)
+
+    def __reduce__(self):
+        return (type(self), (self.stage, self.sample, self.phase, self.message, self.traceback))
+
+
+class WorkerDiedError(StageError):
+    """A stage's worker ended without reporting an error (killed by a signal, or it crashed)."""

@@ -1,0 +1,90 @@
+"""What an executor is: the interface every way of running the stages implements (internal).
+
+An executor runs the stages of one pipeline tick by tick, exactly as SPEC.md says, and hands
+back one ``Result`` per sample in sample order. The ``Pipeline`` validates what the user gives,
+counts ticks and samples, and talks to its executor only through this interface, so that a new
+executor (CUDA streams, torch.distributed ranks) is one new module beside the others.
+
+The life of an executor::
+
+    ex = SomeExecutor(stages, devices, config, threads)
+    ex.start(layout)          # once, when the first sample has fixed every boundary's layout
+    ex.feed(index, x, y)      # offer one sample: the next tick of the current segment
+    ex.next_result()          # the next result in sample order (blocks until it is out)
+    ex.end()                  # no more samples in this segment: run the ticks that remain
+    ex.sync()                 # every stage has finished every tick offered so far
+    ex.close()                # stop, join, free; always safe to call, also after a failure
+"""
+
+from __future__ import annotations
+
+import traceback as tb
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any
+
+from torch import Tensor, nn
+
+from ..errors import StageError
+from ..stage import StageConfig
+from ..values import ValueSpec
+
+
+@dataclass
+class Result:
+    """What one sample yields: its index, the pipeline's output and, when learning, its loss."""
+
+    index: int
+    output: Tensor | tuple[Tensor, ...]
+    loss: float | None = None
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The layout of every boundary, learnt from the first sample (and its target)."""
+
+    input: ValueSpec
+    activations: tuple[ValueSpec, ...]  # the output of stage i, for i < D - 1
+    output: ValueSpec
+    target: ValueSpec | None
+
+
+class Executor(ABC):
+    """Runs ``stages`` (one module each, on ``devices``) as one pipeline configured by ``config``."""
+
+    def __init__(self, stages: list[nn.Module], devices: list[str], config: StageConfig, threads: int | None):
+        self.stages = stages
+        self.devices = devices
+        self.config = config
+        self.threads = threads
+        self.depth = len(stages)
+
+    @abstractmethod
+    def start(self, layout: Layout) -> None:
+        """Get ready to run; called once, before the first ``feed``."""
+
+    @abstractmethod
+    def feed(self, index: int, x: Any, y: Any) -> None:
+        """Offer sample ``index`` (and its target, or None): run the next tick of the segment."""
+
+    @abstractmethod
+    def next_result(self) -> Result:
+        """The next result in sample order; only called when one is due."""
+
+    @abstractmethod
+    def end(self) -> None:
+        """End the segment: run the ticks that remain until every sample is done."""
+
+    @abstractmethod
+    def sync(self) -> None:
+        """Return once every stage has finished every tick offered so far."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Stop and release everything; idempotent, and safe after a failure."""
+
+
+def stage_error(stage: int, sample: int | None, phase: str, exc: BaseException) -> StageError:
+    """The error a failure of ``stage`` in ``phase`` of ``sample`` surfaces as."""
+    text = "".join(tb.format_exception(type(exc), exc, exc.__traceback__))
+    return StageError(stage, sample, phase, f"{type(exc).__name__}: {exc}", text)

@@ -1,0 +1,89 @@
+"""The inline executor: SPEC.md written as plain code, in one thread (internal module).
+
+Every stage runs in the caller's thread, one after another within a tick, with the messages of
+a tick (activations forward, gradients back) delivered at the next tick. It is the reference
+every other executor is tested against, and a way to simulate the learning of a D-stage
+pipeline on one core.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+from .. import schedule
+from ..stage import Stage
+from .base import Executor, Layout, Result, stage_error
+
+
+class InlineExecutor(Executor):
+    """Runs each tick of the schedule in the calling thread."""
+
+    def start(self, layout: Layout) -> None:
+        self._stages = [Stage(i, m, self.config, d) for i, (m, d) in enumerate(zip(self.stages, self.devices))]
+        self._results: deque[Result] = deque()
+        self._begin_segment()
+
+    def _begin_segment(self) -> None:
+        self._tick = 0
+        self._fed = 0
+        self._acts: list[tuple[int, Any] | None] = [None] * self.depth  # into stage i, sent at tick - 1
+        self._grads: list[tuple[int, Any] | None] = [None] * self.depth  # into stage i, from stage i + 1
+        self._targets: dict[int, Any] = {}
+
+    def feed(self, index: int, x: Any, y: Any) -> None:
+        self._acts[0] = (index, x)
+        self._targets[index] = y
+        self._fed += 1
+        self._run_tick(None)
+
+    def end(self) -> None:
+        n = self._fed
+        total = schedule.segment_ticks(n, self.depth, self.config.learning)
+        while self._tick < total:
+            self._run_tick(n)
+        self._begin_segment()
+
+    def next_result(self) -> Result:
+        return self._results.popleft()
+
+    def sync(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self._stages = []
+
+    def _run_tick(self, num_samples: int | None) -> None:
+        """One tick: every stage does its forward, then its backward; messages land next tick."""
+        depth, tick = self.depth, self._tick
+        acts: list[tuple[int, Any] | None] = [None] * depth
+        grads: list[tuple[int, Any] | None] = [None] * depth
+        for i, stage in enumerate(self._stages):
+            if schedule.forward_sample(i, tick, num_samples) is not None:
+                index, value = self._acts[i]
+                phase = "forward"
+                try:
+                    out = stage.forward(index, value)
+                    if i < depth - 1:
+                        acts[i + 1] = (index, out)
+                    elif not self.config.learning:
+                        self._results.append(Result(index, out))
+                    else:
+                        phase = "loss"
+                        loss, grad = stage.learn(index, self._targets.pop(index))
+                        self._results.append(Result(index, out, loss))
+                        if i > 0:
+                            grads[i - 1] = (index, grad)
+                except Exception as exc:
+                    raise stage_error(i, index, phase, exc) from exc
+            if self.config.learning and i < depth - 1:
+                if schedule.backward_sample(i, tick, depth, num_samples) is not None:
+                    index, grad = self._grads[i]
+                    try:
+                        grad = stage.backward(index, grad)
+                    except Exception as exc:
+                        raise stage_error(i, index, "backward", exc) from exc
+                    if i > 0:
+                        grads[i - 1] = (index, grad)
+        self._acts, self._grads = acts, grads
+        self._tick += 1

@@ -1,0 +1,266 @@
+"""``Pipeline``: an ``nn.Sequential`` cut into stages that work at once on a stream.
+
+The pipeline checks what it is given, learns the layout of every boundary from the first sample,
+counts ticks and samples, and leaves the running of the stages to its executor.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from .errors import PipelineClosedError, StageError
+from .executors import EXECUTORS, Executor, Layout, Result, executor_class
+from .partition import Partition, check_balance, plan, split
+from .stage import GRAD_MODES, LossFn, OptimizerFactory, StageConfig, takes_target
+from .values import ValueSpec, as_tensors, check_like, spec_of
+
+log = logging.getLogger(__name__)
+
+_MISSING = object()
+
+
+class Pipeline:
+    """``model`` cut into ``balance`` stages that run at once, each on its own sample.
+
+    ``balance`` is a list of layers per stage, or a number of stages D: then each layer is timed on
+    ``sample`` (or the first streamed sample) and the model is cut where the slowest stage is
+    fastest. With ``loss_fn`` and ``optimizer`` (a factory ``params -> Optimizer``, called once per
+    stage) the pipeline learns online as SPEC.md says, under ``grad_mode`` (``"partime"``,
+    ``"stash"`` or ``"weight-stash"``); without them it infers under ``torch.no_grad()``.
+
+    >>> model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    >>> with Pipeline(model, [2, 1], executor="inline") as pipe:
+    ...     results = list(pipe.stream(torch.randn(4) for _ in range(5)))
+    >>> [r.index for r in results]
+    [0, 1, 2, 3, 4]
+
+    Results come out in sample order; ``step`` returns the one that left the pipeline at that
+    tick (None for the first D - 1 ticks) and ``flush`` those still inside.
+    """
+
+    def __init__(
+        self,
+        model: nn.Sequential,
+        balance: int | Sequence[int],
+        *,
+        devices: Sequence[str | torch.device] | None = None,
+        executor: str = "process",
+        loss_fn: LossFn | None = None,
+        optimizer: OptimizerFactory | None = None,
+        grad_mode: str = "partime",
+        sample: Any = None,
+        threads: int | None = None,
+    ):
+        check_balance(model, balance)
+        if grad_mode not in GRAD_MODES:
+            raise ValueError(f"unknown grad_mode {grad_mode!r}; choose one of {', '.join(GRAD_MODES)}")
+        self._executor_class = executor_class(executor)
+        if (loss_fn is None) != (optimizer is None):
+            given, missing = ("loss_fn", "optimizer") if optimizer is None else ("optimizer", "loss_fn")
+            raise ValueError(
+                f"{given} was given without {missing}: learning needs both "
+                "(e.g. optimizer=lambda params: torch.optim.SGD(params, lr=0.01)), inference neither"
+            )
+        depth = balance if isinstance(balance, int) else len(balance)
+        self.depth = depth
+        self._devices = self._check_devices(devices, depth, executor)
+        if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+            raise ValueError(f"threads must be a whole number of at least 1, got {threads!r}")
+        self._threads = threads if threads is not None else max(1, (os.cpu_count() or 1) // depth)
+        self._model = model
+        self._balance = balance
+        self._config = StageConfig(depth, loss_fn, optimizer, grad_mode, False)
+        self._supervised = takes_target(loss_fn) if loss_fn is not None else False
+        self._partition: Partition | None = None
+        if not isinstance(balance, int) or sample is not None:
+            self._partition = plan(model, balance, sample, learning=self.learning)
+        self._executor: Executor | None = None
+        self._state = "new"  # new -> open -> closed
+        self._failure: str | None = None
+        self._x_spec: ValueSpec | None = None
+        self._y_spec: ValueSpec | None = None
+        self._next_index = 0
+        self._in_segment = 0  # samples fed since the segment began
+        self._taken = 0  # results handed out since the segment began
+
+    # -- public ---------------------------------------------------------------------------------
+
+    @property
+    def learning(self) -> bool:
+        """Whether the pipeline learns (it was given a loss and an optimizer)."""
+        return self._config.learning
+
+    @property
+    def partition(self) -> Partition | None:
+        """Layers per stage and, when balanced by timing, each stage's predicted time.
+
+        None while ``balance`` is a number of stages and no sample has been seen.
+        """
+        return self._partition
+
+    @property
+    def module(self) -> nn.Sequential:
+        """A copy of the model with every stage's weights as they are now, between ticks."""
+        if self._executor is not None and self._state == "open":
+            self._guard(self._executor.sync)
+        return copy.deepcopy(self._model)
+
+    def open(self) -> Pipeline:
+        """Make the pipeline ready for samples (its workers start at the first one)."""
+        if self._state != "new":
+            raise PipelineClosedError(f"this pipeline was already {self._state}ed; make a new one")
+        self._state = "open"
+        return self
+
+    def close(self) -> None:
+        """Stop and join every worker; the results still inside the pipeline are dropped."""
+        self._state = "closed"
+        if self._executor is not None:
+            self._executor.close()
+
+    def __enter__(self) -> Pipeline:
+        return self.open()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def step(self, x: Any, y: Any = None) -> Result | None:
+        """Offer sample ``x`` (with target ``y`` for a supervised loss) and run one tick.
+
+        Returns the result that left the pipeline during this tick, or None while it fills up.
+        """
+        self._check_open()
+        index = self._next_index
+        self._check_sample(index, x, y)
+        if self._executor is None:
+            self._guard(self._start, x, y)
+        self._guard(self._executor.feed, index, x, y)
+        self._next_index += 1
+        self._in_segment += 1
+        if self._in_segment >= self.depth:
+            return self._take()
+        return None
+
+    def flush(self) -> list[Result]:
+        """Run the remaining ticks without input; the results still inside, in order.
+
+        When learning, every fed sample's gradient has been applied at every stage on return.
+        """
+        self._check_open()
+        if self._in_segment == 0:
+            return []
+        self._guard(self._executor.end)
+        rest = [self._take() for _ in range(self._in_segment - self._taken)]
+        self._in_segment = self._taken = 0
+        return rest
+
+    def stream(self, xs: Iterable[Any], ys: Iterable[Any] | None = None) -> Iterator[Result]:
+        """Every sample of ``xs`` (with the targets ``ys``) through the pipeline, then a flush."""
+        targets = iter(ys) if ys is not None else None
+        for x in xs:
+            y = None if targets is None else next(targets, _MISSING)
+            if y is _MISSING:
+                raise ValueError(f"ys ended before xs: there is no target for sample {self._next_index}")
+            result = self.step(x, y)
+            if result is not None:
+                yield result
+        if targets is not None and next(targets, _MISSING) is not _MISSING:
+            raise ValueError(f"ys is longer than xs: xs ended after {self._next_index} samples")
+        yield from self.flush()
+
+    # -- internals ------------------------------------------------------------------------------
+
+    @staticmethod
+    def _check_devices(devices: Sequence[Any] | None, depth: int, executor: str) -> list[str]:
+        if devices is None:
+            return ["cpu"] * depth
+        devices = [str(torch.device(d)) for d in devices]
+        if len(devices) != depth:
+            raise ValueError(f"devices and stages differ in number (stages: {depth}, devices: {len(devices)})")
+        if executor == "process" and any(d != "cpu" for d in devices):
+            raise ValueError(f"the process executor runs stages on the CPU only, got devices {devices}")
+        return devices
+
+    def _check_open(self) -> None:
+        if self._state == "new":
+            raise PipelineClosedError("the pipeline is not open: use `with pipe:` (or pipe.open())")
+        if self._failure is not None:
+            raise PipelineClosedError(f"the pipeline stopped after an error: {self._failure}")
+        if self._state == "closed":
+            raise PipelineClosedError("the pipeline is closed; make a new one")
+
+    def _check_sample(self, index: int, x: Any, y: Any) -> None:
+        spec = spec_of(x, f"sample {index}")
+        if self._x_spec is None:
+            self._x_spec = spec
+        else:
+            check_like(x, self._x_spec, f"sample {index}")
+        supervised = self._supervised
+        if supervised is None:  # the loss's signature does not say: the first target decides
+            supervised = self._supervised = y is not None
+            self._config.supervised = supervised
+        if supervised and y is None:
+            raise ValueError(f"loss_fn takes a target, but sample {index} came without one (pass y= or ys=)")
+        if not supervised and y is not None:
+            what = "this pipeline has no loss" if not self.learning else "loss_fn takes no target"
+            raise ValueError(f"sample {index} came with a target, but {what}")
+        if y is not None:
+            if self._y_spec is None:
+                self._y_spec = spec_of(y, f"target of sample {index}")
+            else:
+                check_like(y, self._y_spec, f"target of sample {index}")
+
+    def _start(self, x: Any, y: Any) -> None:
+        """Fix the partition and every boundary's layout from the first sample; start the executor."""
+        self._config.supervised = bool(self._supervised)
+        if self._partition is None:
+            self._partition = plan(self._model, self._balance, x, learning=self.learning)
+            log.info("balanced: %s", self._partition)
+        stages = split(self._model, self._partition.balance)
+        layout = _layout(stages, x, self._y_spec)
+        self._executor = self._executor_class(stages, self._devices, self._config, self._threads)
+        self._guard(self._executor.start, layout)
+
+    def _take(self) -> Result:
+        result = self._guard(self._executor.next_result)
+        self._taken += 1
+        return result
+
+    def _guard(self, fn, *args):
+        """Call into the executor; on a stage's failure close everything, then re-raise."""
+        try:
+            return fn(*args)
+        except BaseException as exc:
+            if isinstance(exc, StageError):
+                self._failure = str(exc).splitlines()[0]
+            else:
+                self._failure = f"{type(exc).__name__}: {exc}"
+            self.close()
+            raise
+
+
+def _layout(stages: list[nn.Sequential], x: Any, target: ValueSpec | None) -> Layout:
+    """Every boundary's layout, from one forward of a copy of the stages on the first sample."""
+    specs = []
+    value = x
+    with torch.no_grad():
+        for i, stage in enumerate(copy.deepcopy(stages)):
+            try:
+                value = stage(value)
+            except Exception as exc:
+                from .executors.base import stage_error
+
+                raise stage_error(i, 0, "forward", exc) from exc
+            specs.append(spec_of(value, f"output of stage {i}"))
+    as_tensors(x, "sample 0")
+    return Layout(spec_of(x, "sample 0"), tuple(specs[:-1]), specs[-1], target)
+
+
+__all__ = ["EXECUTORS", "Pipeline", "Result"]

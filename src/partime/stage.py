@@ -1,0 +1,225 @@
+"""One stage of a pipeline: its forward, its loss, its gradient step (internal module).
+
+A ``Stage`` knows how to run one forward and one backward of its slice of the model under a
+grad mode; it knows nothing of ticks, processes or transport. Every executor drives the same
+``Stage`` objects, so what a stage computes is written once.
+
+The grad modes differ only in what the vector-Jacobian product of a late gradient uses
+(SPEC.md, "Learning: loss and backward"):
+
+- ``partime``: the stage's newest input and its current weights;
+- ``stash``: the input of the sample the gradient belongs to, and the current weights;
+- ``weight-stash``: that input, and the weights it went forward with.
+
+Where the graph of a forward is still valid for the product (built from the right input with
+weights that no step has changed since) it is reused instead of running the forward again: in
+``partime`` mode that is every tick with a forward, and at the last stage it is every tick.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from .values import as_tensors, is_float
+
+GRAD_MODES = ("partime", "stash", "weight-stash")
+
+OptimizerFactory = Callable[[Any], torch.optim.Optimizer]
+LossFn = Callable[..., Tensor]
+
+
+@dataclass
+class StageConfig:
+    """What every stage of one pipeline shares: how it learns, if it learns."""
+
+    depth: int
+    loss_fn: LossFn | None = None
+    optimizer: OptimizerFactory | None = None
+    grad_mode: str = "partime"
+    supervised: bool = False
+
+    @property
+    def learning(self) -> bool:
+        return self.optimizer is not None
+
+
+def takes_target(loss_fn: LossFn) -> bool | None:
+    """Whether ``loss_fn`` is called as ``loss_fn(output, target)`` (True) or ``loss_fn(output)``.
+
+    None when its signature does not say (``*args``): then the stream decides.
+    """
+    target = loss_fn.forward if isinstance(loss_fn, nn.Module) else loss_fn
+    try:
+        params = inspect.signature(target).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is p.VAR_POSITIONAL for p in params):
+        return None
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return sum(p.default is p.empty for p in positional) >= 2
+
+
+@dataclass
+class _Forward:
+    """What a stage keeps of one forward, for a later backward."""
+
+    sample: int
+    inputs: tuple[Tensor, ...]  # leaves: the gradient w.r.t. them goes to the previous stage
+    is_tuple: bool  # whether the input value was a tuple
+    weights: list[Tensor] = field(default_factory=list)  # weight-stash: the weights it went with
+    outputs: tuple[Tensor, ...] | None = None  # with their graph, while it is valid
+
+
+class Stage:
+    """Stage ``index`` of a pipeline of ``config.depth`` stages, running ``module`` on ``device``."""
+
+    def __init__(self, index: int, module: nn.Module, config: StageConfig, device: str | torch.device = "cpu"):
+        self.index = index
+        self.config = config
+        self.device = torch.device(device)
+        self.module = module.to(self.device)
+        named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+        self._names = [n for n, _ in named]
+        self._params = [p for _, p in named]
+        self.optimizer = None
+        if config.learning and self._params:
+            self.optimizer = config.optimizer(self._params)
+        self._newest: _Forward | None = None  # partime: the newest input
+        self._pending: dict[int, _Forward] = {}  # stash modes: forwards awaiting their gradient
+        self._out_is_tuple = False
+
+    def forward(self, sample: int, value: Any) -> Any:
+        """Run sample ``sample`` forward; returns the output, detached, for the next stage."""
+        value = _to(value, self.device)
+        if not self.config.learning:
+            with torch.no_grad():
+                return self.module(value)
+        tensors = as_tensors(value, f"input of stage {self.index}")
+        record = _Forward(sample, tuple(self._leaf(t) for t in tensors), not isinstance(value, Tensor))
+        if self.config.grad_mode == "weight-stash":
+            record.weights = [p.detach().clone().requires_grad_() for p in self._params]
+        record.outputs = self._run(record)
+        if self.config.grad_mode == "partime":
+            self._newest = record
+        else:
+            self._pending[sample] = record
+        return value_of(tuple(t.detach() for t in record.outputs), self._out_is_tuple)
+
+    def learn(self, sample: int, target: Any = None) -> tuple[float, Any]:
+        """Last stage: the loss of ``sample`` (just run forward), its backward and step.
+
+        Returns the loss and the gradient w.r.t. this stage's input (None at stage 0).
+        """
+        record = self._record_for(sample)
+        output = value_of(record.outputs, self._out_is_tuple)
+        if self.config.supervised:
+            loss = self.config.loss_fn(output, _to(target, self.device))
+        else:
+            loss = self.config.loss_fn(output)
+        if not isinstance(loss, Tensor) or loss.dim() != 0:
+            shape = tuple(loss.shape) if isinstance(loss, Tensor) else type(loss).__name__
+            raise ValueError(
+                f"loss_fn must return a scalar tensor, got {shape} for sample {sample}; "
+                "reduce it, e.g. with .mean()"
+            )
+        value = loss.item()
+        if not math.isfinite(value):
+            raise FloatingPointError(f"the loss of sample {sample} is not finite: {value}")
+        return value, self._apply(record, (loss,), None)
+
+    def backward(self, sample: int, grad: Any) -> Any:
+        """Apply the gradient of ``sample`` w.r.t. this stage's output, as the grad mode says.
+
+        Steps the optimizer; returns the gradient w.r.t. this stage's input (None at stage 0).
+        """
+        record = self._record_for(sample)
+        grads = tuple(t.to(self.device) for t in as_tensors(grad, f"gradient at stage {self.index}"))
+        return self._apply(record, record.outputs, grads)
+
+    # -- internals ------------------------------------------------------------------------------
+
+    def _leaf(self, t: Tensor) -> Tensor:
+        leaf = t.detach()
+        if self.index > 0 and is_float(leaf):
+            leaf.requires_grad_()
+        return leaf
+
+    def _run(self, record: _Forward) -> tuple[Tensor, ...]:
+        """The forward of ``record.inputs`` with the weights the grad mode asks for, with graph."""
+        # On a clone, so that a layer working in place changes neither a stashed input nor a leaf.
+        value = value_of(tuple(t.clone() for t in record.inputs), record.is_tuple)
+        with torch.enable_grad():
+            if record.weights:
+                out = torch.func.functional_call(self.module, dict(zip(self._names, record.weights)), (value,))
+            else:
+                out = self.module(value)
+        self._out_is_tuple = not isinstance(out, Tensor)
+        return as_tensors(out, f"output of stage {self.index}")
+
+    def _record_for(self, sample: int) -> _Forward:
+        """The forward whose graph the product of ``sample``'s gradient uses, made valid."""
+        if self.config.grad_mode == "partime":
+            record = self._newest
+        else:
+            record = self._pending.pop(sample)
+        if record.outputs is None:  # a step made its graph stale: run it again with the weights now
+            record.outputs = self._run(record)
+        return record
+
+    def _apply(self, record: _Forward, outputs: tuple[Tensor, ...], grads: tuple[Tensor, ...] | None) -> Any:
+        """Back-propagate ``grads`` (None: ``outputs`` is the loss), step, return the input's gradient."""
+        weights = record.weights or self._params
+        wanted = list(weights) + [t for t in record.inputs if t.requires_grad]
+        live = [k for k, o in enumerate(outputs) if o.requires_grad]
+        found: tuple[Tensor | None, ...] = (None,) * len(wanted)
+        if live and wanted:
+            found = torch.autograd.grad(
+                [outputs[k] for k in live],
+                wanted,
+                grad_outputs=None if grads is None else [grads[k] for k in live],
+                allow_unused=True,
+            )
+        record.outputs = None  # autograd.grad has freed its graph
+        if self.optimizer is not None:
+            for p, g in zip(self._params, found[: len(weights)]):
+                p.grad = g
+            self.optimizer.step()
+            for p in self._params:
+                p.grad = None
+            self._drop_stale_graphs()
+        if self.index == 0:
+            return None
+        from_autograd = iter(found[len(weights):])
+        input_grads = []
+        for t in record.inputs:
+            g = next(from_autograd) if t.requires_grad else None
+            input_grads.append(torch.zeros_like(t) if g is None else g)
+        return value_of(tuple(input_grads), record.is_tuple)
+
+    def _drop_stale_graphs(self) -> None:
+        """After a step, graphs built with the live weights no longer hold for a product."""
+        if self._newest is not None:
+            self._newest.outputs = None
+        for record in self._pending.values():
+            if not record.weights:
+                record.outputs = None
+
+
+def value_of(tensors: tuple[Tensor, ...], is_tuple: bool) -> Any:
+    """A boundary value made of ``tensors``: the tuple itself, or its one tensor."""
+    return tuple(tensors) if is_tuple else tensors[0]
+
+
+def _to(value: Any, device: torch.device) -> Any:
+    if value is None:
+        return None
+    if isinstance(value, Tensor):
+        return value.to(device)
+    return tuple(t.to(device) for t in value)

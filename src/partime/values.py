@@ -1,0 +1,89 @@
+"""Values that cross a stage boundary: a tensor, or a flat tuple of tensors (internal module).
+
+Every boundary of a pipeline (a sample, an activation between two stages, an output, a target)
+carries values of one fixed layout, learnt from the first sample. ``TensorSpec`` describes one
+tensor of it; ``ValueSpec`` the whole value, remembering whether it was a bare tensor.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """Shape and dtype of one tensor at a boundary."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+    @property
+    def nbytes(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n * torch.empty((), dtype=self.dtype).element_size()
+
+    def __str__(self) -> str:
+        return f"{tuple(self.shape)} {str(self.dtype).removeprefix('torch.')}"
+
+
+@dataclass(frozen=True)
+class ValueSpec:
+    """The layout of a value: its tensors, and whether it is a bare tensor or a tuple."""
+
+    tensors: tuple[TensorSpec, ...]
+    is_tuple: bool
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.nbytes for t in self.tensors)
+
+    def __str__(self) -> str:
+        inner = ", ".join(str(t) for t in self.tensors)
+        return f"({inner})" if self.is_tuple else inner
+
+
+def as_tensors(value: object, what: str) -> tuple[Tensor, ...]:
+    """The tensors of a value; a TypeError naming ``what`` if it is not a tensor or a flat tuple."""
+    if isinstance(value, Tensor):
+        return (value,)
+    if isinstance(value, (tuple, list)) and value and all(isinstance(v, Tensor) for v in value):
+        return tuple(value)
+    kind = type(value).__name__
+    if isinstance(value, (tuple, list)):
+        kinds = ", ".join(type(v).__name__ for v in value) or "empty"
+        kind = f"{kind} of ({kinds})"
+    raise TypeError(f"{what} must be a tensor or a flat tuple of tensors, got {kind}")
+
+
+def spec_of(value: object, what: str) -> ValueSpec:
+    """The layout of ``value``."""
+    tensors = as_tensors(value, what)
+    return ValueSpec(
+        tuple(TensorSpec(tuple(t.shape), t.dtype) for t in tensors),
+        not isinstance(value, Tensor),
+    )
+
+
+def rebuild(spec: ValueSpec, tensors: tuple[Tensor, ...]) -> Tensor | tuple[Tensor, ...]:
+    """The value of layout ``spec`` made of ``tensors``."""
+    return tuple(tensors) if spec.is_tuple else tensors[0]
+
+
+def check_like(value: object, expected: ValueSpec, what: str) -> None:
+    """Raise a ValueError naming ``what`` and both layouts if ``value`` is not of ``expected``."""
+    got = spec_of(value, what)
+    if got != expected:
+        raise ValueError(
+            f"{what} is {got}, but the first one was {expected}: every value at this point "
+            "of a stream must have the shape and dtype of the first"
+        )
+
+
+def is_float(t: TensorSpec | Tensor) -> bool:
+    """Whether gradients flow through this tensor (floating point or complex)."""
+    return t.dtype.is_floating_point or t.dtype.is_complex
