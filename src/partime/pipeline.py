@@ -158,6 +158,7 @@ class Pipeline:
             return []
         self._guard(self._executor.end)
         rest = [self._take() for _ in range(self._in_segment - self._taken)]
+        self._guard(self._executor.sync)
         self._in_segment = self._taken = 0
         return rest
 

@@ -1,0 +1,282 @@
+"""The process executor: one OS process per stage, on the CPU (internal module).
+
+Each stage runs in its own process (``spawn``), with its own torch thread count. Stages hand
+activations forward and gradients back through shared-memory ``Channel``s; the caller feeds
+samples (and targets, for the last stage) and reads results through channels of its own::
+
+    caller ──x──► stage 0 ──a──► stage 1 ──a──► … ──► stage D-1 ──result──► caller
+                  stage 0 ◄──g── stage 1 ◄──g── … ◄── stage D-1 ◄──target── caller
+
+A worker is a plain loop over the ticks of the schedule (``schedule.forward_sample`` and
+``backward_sample``), blocking on the channel each action reads from; a flush is an END
+message that travels down the activation channels and tells each stage how many samples the
+segment has. A worker starts a tick only when the caller has offered it (a permit semaphore)
+and counts its finished ticks on another, which is how ``sync`` knows that every stage is
+between the same two ticks.
+
+The stages' parameters live in shared memory, so the caller reads the trained weights in place;
+optimizer states stay in the workers. A failure in a worker travels back as data (stage, sample,
+phase, traceback) on an error queue; the worker then sets the stop event, every other worker
+leaves at its next wait, and the caller raises the error as a ``StageError``. ``close`` always
+stops and joins every worker.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import traceback as tb
+from dataclasses import dataclass
+from typing import Any
+
+import cloudpickle
+import torch
+import torch.multiprocessing as mp
+from torch import nn
+
+from .. import schedule
+from ..errors import StageError, WorkerDiedError
+from ..stage import Stage, StageConfig
+from ..transport import KIND_DATA, KIND_END, Aborted, Channel, wait
+from ..values import as_tensors, rebuild
+from .base import Executor, Layout, Result
+
+log = logging.getLogger(__name__)
+
+CAPACITY = 2
+"""Slots per channel between stages: one being read while the next is written."""
+
+JOIN_S = 5.0
+"""How long ``close`` waits for a worker to leave before it terminates it."""
+
+
+@dataclass
+class _Worker:
+    """Everything one worker process is started with."""
+
+    index: int
+    module: nn.Module
+    config: bytes  # the StageConfig, by cloudpickle: loss functions and factories may be lambdas
+    threads: int
+    layout: Layout
+    act_in: Channel
+    act_out: Channel | None  # None for the last stage: it sends results instead
+    grad_in: Channel | None  # from the next stage, when learning and not last
+    grad_out: Channel | None  # to the previous stage, when learning and not first
+    targets: Channel | None  # last stage, supervised learning
+    results: Channel | None  # last stage
+    permits: Any  # a semaphore the caller releases once per tick it offers
+    ticks: Any  # a semaphore the worker releases once per finished tick
+    stop: Any  # an event: every worker leaves at its next wait
+    errors: Any  # a queue of failures, as dicts
+    parent: int  # the caller's pid: a worker whose caller is gone leaves
+
+
+class ProcessExecutor(Executor):
+    """Runs each stage in its own process; see the module docstring."""
+
+    def start(self, layout: Layout) -> None:
+        ctx = mp.get_context("spawn")
+        depth, learning = self.depth, self.config.learning
+        self._layout = layout
+        self._stop = ctx.Event()
+        self._errors = ctx.SimpleQueue()
+        self._permits = [ctx.Semaphore(0) for _ in range(depth)]
+        self._ticks = [ctx.Semaphore(0) for _ in range(depth)]
+        self._seen = [0] * depth  # ticks of each worker counted by sync
+        self._offered = 0  # ticks offered to the stages, over all segments
+        self._fed = 0  # samples fed in this segment
+        acts = [Channel(ctx, layout.input.tensors, CAPACITY, name="input")]
+        acts += [Channel(ctx, spec.tensors, CAPACITY, name=f"activation {i}->{i + 1}")
+                 for i, spec in enumerate(layout.activations)]
+        grads = [Channel(ctx, spec.tensors, CAPACITY, name=f"gradient {i + 1}->{i}")
+                 for i, spec in enumerate(layout.activations)] if learning else []
+        # The caller is ahead of the last stage by up to D ticks' worth of targets.
+        self._targets = Channel(ctx, layout.target.tensors, depth + 1, name="target") if layout.target else None
+        self._results = Channel(ctx, layout.output.tensors, CAPACITY, name="result")
+        self._inputs = acts[0]
+        # Held for the executor's life: a semaphore the caller lets go of is unlinked, and a worker
+        # that opens it later (the spawn start method rebuilds them in the child) fails.
+        self._channels = [*acts, *grads, self._results] + ([self._targets] if self._targets else [])
+        config = cloudpickle.dumps(self.config)
+        self._procs: list[Any] = []
+        for i, module in enumerate(self.stages):
+            last = i == depth - 1
+            module.share_memory()  # the caller reads the trained weights in place
+            worker = _Worker(
+                index=i, module=module, config=config, threads=self.threads, layout=layout,
+                act_in=acts[i], act_out=None if last else acts[i + 1],
+                grad_in=grads[i] if learning and not last else None,
+                grad_out=grads[i - 1] if learning and i > 0 else None,
+                targets=self._targets if last else None, results=self._results if last else None,
+                permits=self._permits[i], ticks=self._ticks[i], stop=self._stop, errors=self._errors, parent=os.getpid(),
+            )
+            proc = ctx.Process(target=_work, args=(worker,), name=f"partime-stage-{i}", daemon=True)
+            self._procs.append(proc)
+        try:
+            for proc in self._procs:
+                proc.start()
+        except BaseException:
+            self.close()
+            raise
+        log.debug("started %d stage processes: %s", depth, [p.pid for p in self._procs])
+
+    def feed(self, index: int, x: Any, y: Any) -> None:
+        self._inputs.put(KIND_DATA, index, as_tensors(x, "sample"), check=self._check)
+        if self._targets is not None:
+            self._targets.put(KIND_DATA, index, as_tensors(y, "target"), check=self._check)
+        self._offer(1)
+        self._fed += 1
+
+    def end(self) -> None:
+        self._inputs.put(KIND_END, self._fed, check=self._check)
+        self._offer(schedule.segment_ticks(self._fed, self.depth, self.config.learning) - self._fed)
+        self._fed = 0
+
+    def _offer(self, ticks: int) -> None:
+        """Let every stage run ``ticks`` more ticks."""
+        for permits in self._permits:
+            for _ in range(ticks):
+                permits.release()
+        self._offered += ticks
+
+    def next_result(self) -> Result:
+        message = self._results.get(check=self._check)
+        output = rebuild(self._layout.output, message.tensors)
+        return Result(message.index, output, message.scalar if self.config.learning else None)
+
+    def sync(self) -> None:
+        for i, ticks in enumerate(self._ticks):
+            while self._seen[i] < self._offered:
+                wait(ticks, self._check)
+                self._seen[i] += 1
+
+    def close(self) -> None:
+        procs, self._procs = getattr(self, "_procs", []), []
+        if not procs:
+            return
+        self._stop.set()
+        for proc in procs:
+            if proc.pid is None:
+                continue
+            proc.join(JOIN_S)
+            if proc.is_alive():
+                log.warning("stage process %s did not stop within %.0f s; terminating it", proc.name, JOIN_S)
+                proc.kill()
+                proc.join()
+        self._errors.close()
+
+    def _check(self) -> None:
+        """Called while the caller waits: raise a worker's failure, if there is one."""
+        if not self._errors.empty():
+            failure = self._errors.get()
+            raise StageError(**failure)
+        for i, proc in enumerate(self._procs):
+            if proc.exitcode is not None:
+                raise WorkerDiedError(i, None, "running", _death(proc), "")
+
+
+def _death(proc: Any) -> str:
+    code = proc.exitcode
+    if code is not None and code < 0:
+        try:
+            return f"its process (pid {proc.pid}) was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            pass
+    return f"its process (pid {proc.pid}) ended with exit code {code}"
+
+
+# -- the worker ---------------------------------------------------------------------------------
+
+
+class _Where:
+    """What a worker is doing, for its error report."""
+
+    sample: int | None = None
+    phase: str = "start"
+
+
+def _work(w: _Worker) -> None:
+    """The body of a stage's process: run segments until told to stop, then leave at once."""
+    torch.set_num_threads(w.threads)
+    where = _Where()
+
+    def check() -> None:
+        if w.stop.is_set() or os.getppid() != w.parent:
+            raise Aborted
+
+    code = 0
+    try:
+        config: StageConfig = cloudpickle.loads(w.config)
+        stage = Stage(w.index, w.module, config)
+        while True:
+            _run_segment(w, stage, config, check, where)
+    except Aborted:
+        pass
+    except BaseException as exc:  # noqa: BLE001 - every failure goes back to the caller as data
+        text = "".join(tb.format_exception(type(exc), exc, exc.__traceback__))
+        w.errors.put(dict(stage=w.index, sample=where.sample, phase=where.phase,
+                          message=f"{type(exc).__name__}: {exc}", traceback=text))
+        w.stop.set()
+        code = 1
+    # Everything this process shares belongs to the caller, and the error (if any) is already in
+    # the queue's pipe: skip the interpreter's teardown, which takes about half a second with torch.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _run_segment(w: _Worker, stage: Stage, config: StageConfig, check, where: _Where) -> None:
+    """The ticks of one segment, until the END message and this stage's last action.
+
+    A tick starts only once the caller has offered it (a permit), so that no stage runs ahead
+    of the caller and the weights are read between ticks; receiving may happen before.
+    """
+    i, depth, learning = w.index, config.depth, config.learning
+    last = w.act_out is None
+    in_spec = w.layout.input if i == 0 else w.layout.activations[i - 1]
+    n: int | None = None
+    tick = 0
+    while True:
+        if n is not None and tick > schedule.last_tick(i, n, depth, learning):
+            # done with the segment: the ticks left are ones where this stage has nothing to do
+            for _ in range(schedule.segment_ticks(n, depth, learning) - tick):
+                wait(w.permits, check)
+                w.ticks.release()
+            return
+        message = None
+        if schedule.forward_sample(i, tick, n) is not None:
+            where.sample, where.phase = None, "receive"
+            message = w.act_in.get(check=check)
+            if message.kind == KIND_END:  # the segment has n samples: look at this tick again
+                n = message.index
+                if not last:
+                    w.act_out.put(KIND_END, n, check=check)
+                continue
+        wait(w.permits, check)
+        if message is not None:
+            s = where.sample = message.index
+            where.phase = "forward"
+            out = stage.forward(s, rebuild(in_spec, message.tensors))
+            loss = 0.0
+            if last and learning:
+                target = None
+                if w.targets is not None:
+                    target = rebuild(w.layout.target, w.targets.get(check=check).tensors)
+                where.phase = "loss"
+                loss, grad = stage.learn(s, target)
+                if w.grad_out is not None:
+                    w.grad_out.put(KIND_DATA, s, as_tensors(grad, "gradient"), check=check)
+            (w.results if last else w.act_out).put(KIND_DATA, s, as_tensors(out, "output"), loss, check=check)
+        if learning and not last and schedule.backward_sample(i, tick, depth, n) is not None:
+            where.sample, where.phase = None, "receive"
+            message = w.grad_in.get(check=check)
+            s = where.sample = message.index
+            where.phase = "backward"
+            grad = stage.backward(s, rebuild(w.layout.activations[i], message.tensors))
+            if w.grad_out is not None:
+                w.grad_out.put(KIND_DATA, s, as_tensors(grad, "gradient"), check=check)
+        w.ticks.release()
+        tick += 1

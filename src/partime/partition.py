@@ -1,0 +1,346 @@
+"""How a model is cut into stages (internal module).
+
+A model is an ``nn.Sequential``; a *balance* says how many of its top-level children each
+stage gets, in order. ``check_balance`` says whether a balance can cut a model, ``split``
+makes the stages, ``profile_layers`` measures each child, ``best_split`` chooses the balance
+whose slowest stage is fastest, and ``plan`` puts these together into a ``Partition``.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+import statistics
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from numbers import Integral, Real
+from typing import Any, TypeGuard
+
+import torch
+from torch import Tensor, nn
+
+from partime.values import as_tensors
+
+log = logging.getLogger(__name__)
+
+Sample = Tensor | tuple[Tensor, ...]
+
+
+@dataclass(frozen=True)
+class Partition:
+    """How a model is cut: layers per stage, and (when profiled) the predicted time of each stage.
+
+    ``balance[i]`` is the number of top-level children in stage ``i``; ``layer_times[k]``, when
+    given, is the measured time in seconds of child ``k``. Both are validated on construction.
+    """
+
+    balance: tuple[int, ...]
+    layer_times: tuple[float, ...] | None = None
+
+    def __post_init__(self) -> None:
+        balance = tuple(self.balance)
+        if not balance or not all(_is_int(b) and b >= 1 for b in balance):
+            raise ValueError(f"balance must be one or more positive ints, got {list(balance)}")
+        object.__setattr__(self, "balance", tuple(int(b) for b in balance))
+        if self.layer_times is not None:
+            times = tuple(float(t) for t in self.layer_times)
+            if len(times) != sum(self.balance):
+                raise ValueError(
+                    "layer_times and sum of balance differ "
+                    f"(layer_times: {len(times)}, sum of balance: {sum(self.balance)}, "
+                    f"balance: {list(self.balance)})"
+                )
+            object.__setattr__(self, "layer_times", times)
+
+    @property
+    def depth(self) -> int:
+        """The number of stages."""
+        return len(self.balance)
+
+    @property
+    def bounds(self) -> tuple[tuple[int, int], ...]:
+        """``(start, stop)`` child indices of each stage, stop exclusive; they tile the model."""
+        out, start = [], 0
+        for b in self.balance:
+            out.append((start, start + b))
+            start += b
+        return tuple(out)
+
+    @property
+    def stage_times(self) -> tuple[float, ...] | None:
+        """Predicted seconds per stage (sum of its children's times); None if not profiled."""
+        if self.layer_times is None:
+            return None
+        return tuple(sum(self.layer_times[a:b]) for a, b in self.bounds)
+
+    def __str__(self) -> str:
+        text = f"{self.depth} stage{'s' if self.depth != 1 else ''}: {list(self.balance)} layers"
+        times = self.stage_times
+        if times is None:
+            return text
+        scale, unit = _time_unit(max(times))
+        return text + ", predicted " + " / ".join(f"{t * scale:.2f}" for t in times) + f" {unit}"
+
+
+def check_balance(model: nn.Sequential, balance: int | Sequence[int]) -> None:
+    """Raise a TypeError or ValueError naming the actual values unless ``balance`` cuts ``model``.
+
+    ``balance`` is either a number of stages D (1 <= D <= len(model)), or the number of layers
+    of each stage: positive ints summing to ``len(model)``. A bool is not taken for an int.
+    """
+    if not isinstance(model, nn.Sequential):
+        raise TypeError(
+            f"model must be an nn.Sequential, got {type(model).__name__}; "
+            "wrap it: nn.Sequential(model)"
+        )
+    n = len(model)
+    if n == 0:
+        raise ValueError("model is an empty nn.Sequential: there are no layers to cut into stages")
+    if _is_int(balance):
+        if balance < 1:
+            raise ValueError(
+                f"cannot cut {n} layers into {balance} stages: there must be at least one stage "
+                f"(balance: {balance}, layers: {n})"
+            )
+        if balance > n:
+            raise ValueError(
+                f"cannot cut {n} layers into {balance} stages: a stage needs at least one layer "
+                f"(balance: {balance}, layers: {n})"
+            )
+        return
+    if not isinstance(balance, Sequence) or isinstance(balance, (str, bytes)):
+        raise TypeError(
+            "balance must be an int (the number of stages) or a sequence of ints (layers per "
+            f"stage), got {type(balance).__name__} ({balance!r})"
+        )
+    if len(balance) == 0:
+        raise ValueError(f"balance is empty: give at least one stage (balance: [], layers: {n})")
+    for i, b in enumerate(balance):
+        if not _is_int(b):
+            raise TypeError(
+                f"balance must hold ints, got {type(b).__name__} ({b!r}) at index {i} "
+                f"(balance: {list(balance)!r})"
+            )
+    for i, b in enumerate(balance):
+        if b < 1:
+            raise ValueError(
+                f"every stage needs at least one layer, got {b} at index {i} "
+                f"(balance: {_ints(balance)})"
+            )
+    if sum(balance) != n:
+        raise ValueError(
+            "balance and number of layers differ "
+            f"(layers: {n}, sum of balance: {sum(balance)}, balance: {_ints(balance)})"
+        )
+
+
+def split(model: nn.Sequential, balance: Sequence[int]) -> list[nn.Sequential]:
+    """The stages of ``model`` cut by ``balance`` (layers per stage).
+
+    Each stage is an ``nn.Sequential`` of a contiguous run of the model's children, in order,
+    under the model's own child names. The children are the model's own modules, not copies:
+    training a stage trains the model, and running the stages one after another computes what
+    the model computes.
+    """
+    if _is_int(balance):
+        raise TypeError(
+            f"split needs the layers of each stage, e.g. [2, 3], got the int {balance}; "
+            "use plan() to choose them for a number of stages"
+        )
+    check_balance(model, balance)
+    # _modules rather than named_children(): the latter skips a module that appears twice.
+    children = list(model._modules.items())
+    return [nn.Sequential(OrderedDict(children[a:b])) for a, b in Partition(tuple(balance)).bounds]
+
+
+def best_split(layer_times: Sequence[float], depth: int) -> tuple[int, ...]:
+    """The balance cutting ``layer_times`` into ``depth`` contiguous non-empty groups whose largest
+    group sum is smallest (exactly, not a heuristic).
+
+    Ties are broken deterministically: among splits with the same largest sum, the one whose
+    group sums, sorted from largest down, are lexicographically smallest (so the second-slowest
+    stage is as fast as it can be, and so on); among those, the lexicographically smallest
+    balance (fewer layers in earlier stages). Group sums are added left to right, as ``sum``
+    does, so they equal ``sum(layer_times[a:b])`` exactly.
+    """
+    times = list(layer_times)
+    n = len(times)
+    bad = [t for t in times if not (isinstance(t, Real) and math.isfinite(t) and t >= 0)]
+    if n == 0 or bad:
+        raise ValueError(f"layer_times must be one or more finite numbers >= 0, got {times}")
+    if not _is_int(depth) or not 1 <= depth <= n:
+        raise ValueError(
+            f"cannot cut {n} layers into {depth!r} stages: depth must be an int from 1 to {n}"
+        )
+    # seg[a][b] = sum(times[a:b]), added left to right.
+    seg = [[0.0] * (n + 1) for _ in range(n + 1)]
+    for a in range(n):
+        total: float = 0
+        for b in range(a + 1, n + 1):
+            total += times[b - 1]
+            seg[a][b] = total
+    # best[b] holds, for the first b layers cut into k groups, the key (sums sorted from largest
+    # down, balance) of the best such cut. Appending one more group to two cuts keeps their
+    # order under this key, so the best cut of b layers extends a best cut of some prefix.
+    best: dict[int, tuple[tuple[float, ...], tuple[int, ...]]]
+    best = {b: ((seg[0][b],), (b,)) for b in range(1, n + 1)}
+    for k in range(2, depth + 1):
+        best = {
+            b: min(
+                (tuple(sorted(best[a][0] + (seg[a][b],), reverse=True)), best[a][1] + (b - a,))
+                for a in range(k - 1, b)
+            )
+            for b in range(k, n + 1)
+        }
+    return best[n][1]
+
+
+def profile_layers(
+    model: nn.Sequential,
+    sample: Sample,
+    *,
+    learning: bool,
+    repeats: int = 5,
+    warmup: int = 2,
+) -> tuple[float, ...]:
+    """Median seconds of each top-level child of ``model`` on ``sample``: one positive time each.
+
+    ``sample`` goes to the first child as ``model(sample)`` would pass it; each child's output
+    feeds the next. Without ``learning`` each child's forward is timed under ``torch.no_grad()``;
+    with it, its forward and its backward (a gradient of ones for its output, taken with respect
+    to its parameters and to its floating-point inputs; the first child's input only if the
+    sample requires grad). A child with nothing to differentiate is timed forward only. Each
+    child gets a copy of its input (made untimed), so in-place children leave ``sample`` as it was.
+
+    Runs on a deep copy of the model, in the model's own train/eval mode, so the model (its
+    parameters, grads, buffers such as BatchNorm running stats) and the global random state are
+    left as they were. On CUDA the device is synchronised around each timed step. The copy
+    needs as much memory again as the model.
+    """
+    if not _is_int(repeats) or repeats < 1 or not _is_int(warmup) or warmup < 0:
+        raise ValueError(
+            f"need repeats >= 1 and warmup >= 0, got repeats={repeats!r}, warmup={warmup!r}"
+        )
+    check_balance(model, 1)
+    as_tensors(sample, "sample")
+    replica = copy.deepcopy(model)
+    children = list(replica._modules.values())
+    devices = _cuda_devices(sample, replica)
+    # Times at or below the clock's resolution are reported as the resolution: positive.
+    floor = time.get_clock_info("perf_counter").resolution
+    samples: list[list[float]] = [[] for _ in children]
+    with torch.random.fork_rng(devices=devices), torch.set_grad_enabled(learning):
+        for rep in range(warmup + repeats):
+            value: object = sample
+            for k, child in enumerate(children):
+                value, leaves = _fresh(value, learning=learning, first=k == 0)
+                _sync(devices)
+                start = time.perf_counter()
+                out = _run(k, child, "forward", child, value)
+                outputs = as_tensors(out, f"the output of child {k} ({type(child).__name__})")
+                if learning:
+                    _run(k, child, "backward", _backward, child, leaves, outputs)
+                _sync(devices)
+                if rep >= warmup:
+                    samples[k].append(max(time.perf_counter() - start, floor))
+                value = out
+    times = tuple(statistics.median(ts) for ts in samples)
+    log.debug("profiled %d layers (learning=%s): %s", len(times), learning, times)
+    return times
+
+
+def plan(
+    model: nn.Sequential,
+    balance: int | Sequence[int],
+    sample: Sample | None = None,
+    *,
+    learning: bool = False,
+) -> Partition:
+    """How to cut ``model``: ``balance`` as given if it lists layers per stage (not profiled), or,
+    if it is a number of stages D, the ``best_split`` of the child times profiled on ``sample``
+    (forward only, or forward and backward when ``learning``), with those times.
+    """
+    check_balance(model, balance)
+    if isinstance(balance, Sequence):
+        partition = Partition(tuple(int(b) for b in balance))
+    else:
+        if sample is None:
+            raise ValueError(
+                f"balance={balance} needs a sample to profile the model on to choose the cuts: "
+                "pass sample=, or let the pipeline profile on the first streamed sample, "
+                "or give the layers of each stage (e.g. balance=[2, 3])"
+            )
+        times = profile_layers(model, sample, learning=learning)
+        partition = Partition(best_split(times, int(balance)), times)
+    log.info("partition: %s", partition)
+    return partition
+
+
+def _is_int(x: object) -> TypeGuard[int]:
+    return isinstance(x, Integral) and not isinstance(x, bool)
+
+
+def _ints(balance: Sequence[int]) -> list[int]:
+    return [int(b) for b in balance]
+
+
+def _time_unit(seconds: float) -> tuple[float, str]:
+    if seconds >= 1:
+        return 1.0, "s"
+    if seconds >= 1e-3:
+        return 1e3, "ms"
+    return 1e6, "us"
+
+
+def _fresh(value: object, *, learning: bool, first: bool) -> tuple[object, list[Tensor]]:
+    """A copy of ``value`` cut from the graph, for a child's input, and the leaves to take its
+    gradient at: when learning, every floating-point tensor (of the first child's input, those
+    that require grad). Copies, so that in-place children (``ReLU(inplace=True)``) touch neither
+    the user's sample nor a leaf.
+    """
+    tensors, leaves = [], []
+    for t in as_tensors(value, "a child's input"):
+        leaf = t.detach()
+        if learning and leaf.is_floating_point() and (t.requires_grad or not first):
+            leaves.append(leaf.requires_grad_())
+        tensors.append(leaf.clone())
+    if isinstance(value, Tensor):
+        return tensors[0], leaves
+    return (tensors if isinstance(value, list) else tuple(tensors)), leaves
+
+
+def _run(k: int, child: nn.Module, phase: str, step: Callable[..., object], *args: object) -> Any:
+    """``step(*args)``; what it raises comes back as a RuntimeError naming the child and phase."""
+    try:
+        return step(*args)
+    except Exception as exc:
+        raise RuntimeError(
+            f"profiling child {k} ({type(child).__name__}) failed in its {phase}: {exc}"
+        ) from exc
+
+
+def _backward(child: nn.Module, leaves: list[Tensor], outputs: tuple[Tensor, ...]) -> None:
+    """Gradients of ``outputs`` (times ones) w.r.t. ``child``'s parameters and input ``leaves``."""
+    outs = [o for o in outputs if o.requires_grad]
+    wrt: list[Tensor] = [p for p in child.parameters() if p.requires_grad] + leaves
+    if outs and wrt:
+        torch.autograd.grad(outs, wrt, [torch.ones_like(o) for o in outs], allow_unused=True)
+
+
+def _cuda_devices(sample: object, model: nn.Module) -> list[int]:
+    tensors = [*as_tensors(sample, "sample"), *model.parameters(), *model.buffers()]
+    return sorted(
+        {
+            torch.cuda.current_device() if t.device.index is None else t.device.index
+            for t in tensors
+            if t.device.type == "cuda"
+        }
+    )
+
+
+def _sync(devices: list[int]) -> None:
+    for d in devices:
+        torch.cuda.synchronize(d)

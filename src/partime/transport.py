@@ -1,0 +1,297 @@
+"""Hand tensors from one process to another through shared memory (internal module).
+
+A ``Channel`` is a bounded ring of ``capacity`` slots, preallocated in shared memory, between
+exactly one producer process and one consumer process::
+
+    producer (put)                                    consumer (get)
+      wait "free"                                       wait "filled"
+      copy the tensors into slot p   ── slot p ──►      clone the tensors of slot g
+      post "filled"; p = p + 1 mod capacity             post "free"; g = g + 1 mod capacity
+
+Each side keeps its own slot counter; the two POSIX semaphores ("free" starts at ``capacity``,
+"filled" at 0) order the slots and give the memory barriers, so a slot is never read while it is
+written. Nothing is pickled per message: a message is a small header (kind, index, ``ntensors``)
+in a shared int64 tensor, a float64 scalar, and the tensors copied into preallocated slot tensors.
+
+The shared tensors come from ``Tensor.share_memory_()``; handed to a process started by the
+``spawn`` context of ``torch.multiprocessing`` (as a ``Process`` argument) they travel as file
+descriptors of already unlinked memory, so nothing is left in ``/dev/shm`` once both sides exit.
+The two semaphores are named POSIX semaphores (multiprocessing's own): they are unlinked when
+the channel is garbage-collected in the process that made it, or by multiprocessing's resource
+tracker if that process dies first.
+
+A wait spins briefly (a hop between busy stages costs microseconds) and then blocks in bounded
+steps, asking an abort check after each one, so an idle process costs no core and a dead peer or an
+abort is noticed within ``POLL_S``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.multiprocessing as mp
+from torch import Tensor
+
+from .values import TensorSpec
+
+log = logging.getLogger(__name__)
+
+KIND_DATA = 1
+"""A message that carries one value (its tensors) for sample ``index``."""
+KIND_END = 2
+"""The producer will send nothing more; ``index`` says how many samples it sent."""
+
+SPIN_S = 100e-6
+"""How long a wait spins (non-blocking tries) before it blocks: a peer that answers within this
+time is met without a sleep and a cross-core wake-up (a 64 KB hop then costs ~14 µs instead of
+~50); a process that waits longer goes to sleep, so an idle stage costs no core. Between tries the
+spinner yields its core (``os.sched_yield``): with more processes than cores a pure spin would
+hold the core the peer needs, and every hop would cost the whole ``SPIN_S``."""
+
+_yield_core: Callable[[], None] = getattr(os, "sched_yield", lambda: None)  # not on Windows
+
+POLL_S = 0.05
+"""How long one blocking try lasts before the abort check is asked again: the longest time a
+waiting process takes to notice an abort or a dead peer."""
+
+
+class Aborted(Exception):
+    """Raised from a wait when the abort check says the run is over."""
+
+
+@dataclass(slots=True)
+class Message:
+    """What ``Channel.get`` returns.
+
+    ``tensors`` are fresh tensors owned by the receiver; empty when the producer sent none
+    (as for ``KIND_END``).
+    """
+
+    kind: int
+    index: int
+    scalar: float
+    tensors: tuple[Tensor, ...]
+
+
+def wait(sem: Any, check: Callable[[], None] | None, spin_s: float = SPIN_S, poll_s: float = POLL_S) -> None:
+    """Acquire ``sem``, spinning (yielding the core between tries) for up to ``spin_s``, then
+    blocking ``poll_s`` at a time.
+
+    After every blocking try that times out, ``check()`` is called; whatever it raises (``Aborted``
+    or any error) propagates and ``sem`` is left unacquired. No try blocks longer than ``poll_s``;
+    with ``check=None`` the wait lasts until ``sem`` is released.
+    """
+    if sem.acquire(False):
+        return
+    if spin_s > 0:
+        deadline = time.perf_counter() + spin_s
+        while time.perf_counter() < deadline:
+            if sem.acquire(False):
+                return
+            _yield_core()
+    while not sem.acquire(True, poll_s):
+        if check is not None:
+            check()
+
+
+class Channel:
+    """Single-producer single-consumer bounded ring of ``capacity`` preallocated shared-memory
+    slots, each holding tensors of fixed ``specs`` plus a small header (kind, index, scalar).
+
+    ``put`` blocks while all slots are full; ``get`` blocks while all are empty; both wait as
+    ``wait`` does, spinning ``spin_s`` first. One process puts and one process gets (which may be
+    the same one); each side counts its own slots. A channel crosses into another process only as
+    an argument of a process being started by the ``spawn`` context, not through a queue.
+    """
+
+    def __init__(
+        self,
+        ctx: Any,
+        specs: Sequence[TensorSpec],
+        capacity: int = 2,
+        *,
+        name: str = "",
+        spin_s: float = SPIN_S,
+    ):
+        if not isinstance(capacity, int) or capacity < 1:
+            raise ValueError(f"channel {name!r}: capacity must be an int >= 1, got {capacity!r}")
+        specs = tuple(specs)
+        for i, spec in enumerate(specs):
+            if not isinstance(spec, TensorSpec):
+                raise TypeError(f"channel {name!r}: spec {i} must be a TensorSpec, got {type(spec).__name__}")
+        self.name = name
+        self.specs = specs
+        self.capacity = capacity
+        self.spin_s = spin_s
+        # Header per slot: kind, index, number of tensors sent (0 or len(specs)).
+        self._header = torch.zeros(capacity * 3, dtype=torch.int64).share_memory_()
+        self._scalar = torch.zeros(capacity, dtype=torch.float64).share_memory_()
+        self._buffers = tuple(
+            torch.zeros((capacity, *spec.shape), dtype=spec.dtype).share_memory_() for spec in specs
+        )
+        self._free = ctx.Semaphore(capacity)
+        self._filled = ctx.Semaphore(0)
+        self._put_at = 0
+        self._get_at = 0
+        self._bind()
+        log.debug("channel %r: %d slots of %s", name, capacity, self._layout())
+
+    def _bind(self) -> None:
+        """Make the per-process views: slot tensors and memoryviews of the header (cheap to index)."""
+        self._slots = tuple(tuple(buf[s] for buf in self._buffers) for s in range(self.capacity))
+        self._header_mv = memoryview(self._header.numpy()).cast("B").cast("q")
+        self._scalar_mv = memoryview(self._scalar.numpy()).cast("B").cast("d")
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        for key in ("_slots", "_header_mv", "_scalar_mv"):
+            del state[key]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._bind()
+
+    def _layout(self) -> str:
+        return "(" + ", ".join(str(s) for s in self.specs) + ")"
+
+    def __repr__(self) -> str:
+        return f"Channel({self.name!r}, {self._layout()}, capacity={self.capacity})"
+
+    def _validate(self, kind: int, tensors: Sequence[Tensor]) -> None:
+        if len(tensors) != len(self.specs) and (tensors or kind == KIND_DATA):
+            raise ValueError(
+                f"channel {self.name!r}: got {len(tensors)} tensors for a message of kind {kind}, "
+                f"expected {len(self.specs)} {self._layout()}"
+            )
+        for i, (t, spec) in enumerate(zip(tensors, self.specs)):
+            if not isinstance(t, Tensor):
+                raise TypeError(f"channel {self.name!r}: tensor {i} is a {type(t).__name__}, expected {spec}")
+            if t.shape != spec.shape or t.dtype != spec.dtype:
+                got = TensorSpec(tuple(t.shape), t.dtype)
+                raise ValueError(
+                    f"channel {self.name!r}: tensor {i} is {got}, but the channel carries {spec} "
+                    f"at that position (all: {self._layout()})"
+                )
+
+    def put(
+        self,
+        kind: int,
+        index: int,
+        tensors: Sequence[Tensor] = (),
+        scalar: float = 0.0,
+        *,
+        check: Callable[[], None] | None = None,
+    ) -> None:
+        """Send one message, waiting for a free slot; the tensors are copied, so the caller keeps them.
+
+        ``tensors`` must match the channel's specs in number, shape and dtype (a ValueError naming
+        the channel, the position and both specs otherwise), or be empty for a kind other than
+        ``KIND_DATA``. They may live on any device and may require grad (their data is copied).
+        Whatever ``check`` raises while waiting propagates, and then nothing was sent.
+        """
+        self._validate(kind, tensors)
+        wait(self._free, check, self.spin_s)
+        slot = self._put_at
+        try:
+            for dst, src in zip(self._slots[slot], tensors):
+                dst.copy_(src.detach() if src.requires_grad else src)
+        except BaseException:
+            self._free.release()  # nothing was sent: give the slot back
+            raise
+        self._put_at = (slot + 1) % self.capacity
+        h = self._header_mv
+        h[3 * slot] = kind
+        h[3 * slot + 1] = index
+        h[3 * slot + 2] = len(tensors)
+        self._scalar_mv[slot] = scalar
+        self._filled.release()
+
+    def get(self, *, check: Callable[[], None] | None = None) -> Message:
+        """Receive the oldest message, waiting for one; its tensors are fresh copies.
+
+        Whatever ``check`` raises while waiting propagates, and then nothing was received.
+        """
+        wait(self._filled, check, self.spin_s)
+        slot = self._get_at
+        self._get_at = (slot + 1) % self.capacity
+        h = self._header_mv
+        kind, index, count = h[3 * slot], h[3 * slot + 1], h[3 * slot + 2]
+        scalar = self._scalar_mv[slot]
+        tensors = tuple(t.clone() for t in self._slots[slot]) if count else ()
+        self._free.release()
+        return Message(kind, index, scalar, tensors)
+
+
+def _parent_alive() -> None:
+    """Abort check for a child: raise if the process that started it is gone."""
+    parent = mp.parent_process()
+    if parent is not None and not parent.is_alive():
+        raise Aborted("the parent process ended")
+
+
+def _echo(inbox: Channel, outbox: Channel) -> None:
+    """Child side of ``measure_hop``: send every DATA message straight back, until END."""
+    while True:
+        msg = inbox.get(check=_parent_alive)
+        if msg.kind != KIND_DATA:
+            return
+        outbox.put(KIND_DATA, msg.index, msg.tensors, check=_parent_alive)
+
+
+def measure_hop(nbytes: int = 65536, rounds: int = 2000, *, spin_s: float | None = None) -> dict[str, float]:
+    """Time one hop of a float32 tensor of ``nbytes`` between this process and a spawned child.
+
+    The tensor goes back and forth through two channels ``rounds`` times (after as many warm-up
+    rounds, at most 200); a hop, half a round trip, includes a ``put`` and a ``get``. Waits spin
+    for ``spin_s`` (default ``SPIN_S``; 0 blocks at once). Returns ``nbytes``, ``rounds``,
+    ``hop_us_median`` and ``hop_us_p90``. The child is always joined (terminated if it hangs).
+    """
+    if nbytes < 4 or nbytes % 4:
+        raise ValueError(f"nbytes must be a positive multiple of 4 (float32), got {nbytes}")
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds}")
+    spin = SPIN_S if spin_s is None else spin_s
+    ctx = mp.get_context("spawn")
+    spec = TensorSpec((nbytes // 4,), torch.float32)
+    ping = Channel(ctx, [spec], name="ping", spin_s=spin)
+    pong = Channel(ctx, [spec], name="pong", spin_s=spin)
+    child = ctx.Process(target=_echo, args=(ping, pong), name="partime-measure-hop", daemon=True)
+
+    def child_alive() -> None:
+        if not child.is_alive():
+            raise RuntimeError(f"measure_hop: the echo process ended early (exit code {child.exitcode})")
+
+    payload = (torch.randn(nbytes // 4),)
+    warmup = min(rounds, 200)
+    hops = []
+    child.start()
+    try:
+        for i in range(warmup + rounds):
+            t0 = time.perf_counter()
+            ping.put(KIND_DATA, i, payload, check=child_alive)
+            pong.get(check=child_alive)
+            if i >= warmup:
+                hops.append((time.perf_counter() - t0) / 2)
+        ping.put(KIND_END, warmup + rounds, check=child_alive)
+        child.join(timeout=10)
+    finally:
+        if child.is_alive():
+            log.warning("measure_hop: the echo process is still running; terminating it")
+            child.terminate()
+        child.join()
+    hops.sort()
+    result = {
+        "nbytes": float(nbytes),
+        "rounds": float(rounds),
+        "hop_us_median": hops[len(hops) // 2] * 1e6,
+        "hop_us_p90": hops[min(len(hops) - 1, math.ceil(0.9 * len(hops)) - 1)] * 1e6,
+    }
+    log.debug("measure_hop: %s", result)
+    return result
