@@ -17,6 +17,7 @@ from torch import nn
 
 from .errors import PipelineClosedError, StageError
 from .executors import EXECUTORS, Executor, Layout, Result, executor_class
+from .executors.base import LOOKAHEAD
 from .partition import Partition, check_balance, plan, split
 from .stage import GRAD_MODES, LossFn, OptimizerFactory, StageConfig, takes_target
 from .values import ValueSpec, as_tensors, check_like, spec_of
@@ -136,17 +137,8 @@ class Pipeline:
 
         Returns the result that left the pipeline during this tick, or None while it fills up.
         """
-        self._check_open()
-        index = self._next_index
-        self._check_sample(index, x, y)
-        if self._executor is None:
-            self._guard(self._start, x, y)
-        self._guard(self._executor.feed, index, x, y)
-        self._next_index += 1
-        self._in_segment += 1
-        if self._in_segment >= self.depth:
-            return self._take()
-        return None
+        self._feed(x, y)
+        return self._take() if self._due() else None
 
     def flush(self) -> list[Result]:
         """Run the remaining ticks without input; the results still inside, in order.
@@ -163,15 +155,19 @@ class Pipeline:
         return rest
 
     def stream(self, xs: Iterable[Any], ys: Iterable[Any] | None = None) -> Iterator[Result]:
-        """Every sample of ``xs`` (with the targets ``ys``) through the pipeline, then a flush."""
+        """Every sample of ``xs`` (with the targets ``ys``) through the pipeline, then a flush.
+
+        The same results as ``step`` on each sample and a ``flush``; while a result is handed
+        out, the pipeline may have run one tick further (so that no stage waits for the caller).
+        """
         targets = iter(ys) if ys is not None else None
         for x in xs:
             y = None if targets is None else next(targets, _MISSING)
             if y is _MISSING:
                 raise ValueError(f"ys ended before xs: there is no target for sample {self._next_index}")
-            result = self.step(x, y)
-            if result is not None:
-                yield result
+            self._feed(x, y)
+            while self._due() > LOOKAHEAD:
+                yield self._take()
         if targets is not None and next(targets, _MISSING) is not _MISSING:
             raise ValueError(f"ys is longer than xs: xs ended after {self._next_index} samples")
         yield from self.flush()
@@ -228,6 +224,21 @@ class Pipeline:
         layout = _layout(stages, x, self._y_spec)
         self._executor = self._executor_class(stages, self._devices, self._config, self._threads)
         self._guard(self._executor.start, layout)
+
+    def _feed(self, x: Any, y: Any) -> None:
+        """Offer one sample: run one tick, without taking its result."""
+        self._check_open()
+        index = self._next_index
+        self._check_sample(index, x, y)
+        if self._executor is None:
+            self._guard(self._start, x, y)
+        self._guard(self._executor.feed, index, x, y)
+        self._next_index += 1
+        self._in_segment += 1
+
+    def _due(self) -> int:
+        """How many results have left the pipeline and not been handed out."""
+        return max(0, self._in_segment - (self.depth - 1)) - self._taken
 
     def _take(self) -> Result:
         result = self._guard(self._executor.next_result)

@@ -30,6 +30,11 @@ from ..stage import StageConfig
 from ..values import ValueSpec
 
 
+LOOKAHEAD = 1
+"""How many ticks ``Pipeline.stream`` offers beyond the result it hands out next: the stages then
+never wait for the caller between two ticks. Executors size their caller-side buffers for it."""
+
+
 @dataclass
 class Result:
     """What one sample yields: its index, the pipeline's output and, when learning, its loss."""

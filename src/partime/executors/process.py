@@ -41,7 +41,7 @@ from ..errors import StageError, WorkerDiedError
 from ..stage import Stage, StageConfig
 from ..transport import KIND_DATA, KIND_END, Aborted, Channel, wait
 from ..values import as_tensors, rebuild
-from .base import Executor, Layout, Result
+from .base import LOOKAHEAD, Executor, Layout, Result
 
 log = logging.getLogger(__name__)
 
@@ -88,14 +88,18 @@ class ProcessExecutor(Executor):
         self._seen = [0] * depth  # ticks of each worker counted by sync
         self._offered = 0  # ticks offered to the stages, over all segments
         self._fed = 0  # samples fed in this segment
-        acts = [Channel(ctx, layout.input.tensors, CAPACITY, name="input")]
+        # The caller's own channels do not spin: on a machine with one core per stage, a caller
+        # spinning for its result would take a core from a stage.
+        acts = [Channel(ctx, layout.input.tensors, CAPACITY, name="input", spin_s=0)]
         acts += [Channel(ctx, spec.tensors, CAPACITY, name=f"activation {i}->{i + 1}")
                  for i, spec in enumerate(layout.activations)]
         grads = [Channel(ctx, spec.tensors, CAPACITY, name=f"gradient {i + 1}->{i}")
                  for i, spec in enumerate(layout.activations)] if learning else []
-        # The caller is ahead of the last stage by up to D ticks' worth of targets.
-        self._targets = Channel(ctx, layout.target.tensors, depth + 1, name="target") if layout.target else None
-        self._results = Channel(ctx, layout.output.tensors, CAPACITY, name="result")
+        self._targets = None
+        if layout.target is not None:
+            # the caller is ahead of the last stage by up to D ticks (and the lookahead) of targets
+            self._targets = Channel(ctx, layout.target.tensors, depth + 1 + LOOKAHEAD, name="target", spin_s=0)
+        self._results = Channel(ctx, layout.output.tensors, CAPACITY, name="result", spin_s=0)
         self._inputs = acts[0]
         # Held for the executor's life: a semaphore the caller lets go of is unlinked, and a worker
         # that opens it later (the spawn start method rebuilds them in the child) fails.
