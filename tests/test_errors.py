@@ -1,0 +1,139 @@
+"""Bad input gets a clear error that carries the values, never a hang."""
+
+import multiprocessing
+
+import pytest
+import torch
+from torch import nn
+
+import partime
+
+from models import classification_stream, mlp
+
+def sgd(params):
+    return torch.optim.SGD(params, lr=0.1)
+
+
+def test_model_must_be_sequential():
+    with pytest.raises(TypeError, match="nn.Sequential, got Linear"):
+        partime.Pipeline(nn.Linear(2, 2), 1)
+
+
+@pytest.mark.parametrize(
+    "balance, message",
+    [
+        ([3, 3], r"layers: 7, sum of balance: 6"),
+        (8, r"7 layers into 8 stages"),
+        ([7, 0], r"balance"),
+        (0, r"balance"),
+    ],
+)
+def test_balance_must_cut_the_model(balance, message):
+    with pytest.raises(ValueError, match=message):
+        partime.Pipeline(mlp(), balance)
+
+
+def test_balance_by_number_needs_a_sample_at_the_latest_at_the_first_step():
+    pipe = partime.Pipeline(mlp(), 2, executor="inline")
+    assert pipe.partition is None
+    with pipe:
+        pipe.step(torch.randn(2, 6))
+        assert pipe.partition.depth == 2 and sum(pipe.partition.balance) == 7
+        assert len(pipe.partition.stage_times) == 2
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        (dict(executor="gpu"), ValueError, "unknown executor 'gpu'; choose one of inline, process"),
+        (dict(grad_mode="exact"), ValueError, "unknown grad_mode 'exact'"),
+        (dict(loss_fn=nn.MSELoss()), ValueError, "loss_fn was given without optimizer"),
+        (dict(optimizer=sgd), ValueError, "optimizer was given without loss_fn"),
+        (dict(devices=["cpu"]), ValueError, r"stages: 2, devices: 1"),
+        (dict(devices=["cpu", "meta"]), ValueError, "process executor runs stages on the CPU only"),
+        (dict(threads=0), ValueError, "threads must be"),
+    ],
+)
+def test_arguments_are_checked_when_the_pipeline_is_made(kwargs, error, message):
+    with pytest.raises(error, match=message):
+        partime.Pipeline(mlp(), [3, 4], **kwargs)
+
+
+def test_use_before_open_and_after_close():
+    pipe = partime.Pipeline(mlp(), [3, 4], executor="inline")
+    with pytest.raises(partime.PipelineClosedError, match="not open"):
+        pipe.step(torch.randn(2, 6))
+    with pipe:
+        pipe.step(torch.randn(2, 6))
+    with pytest.raises(partime.PipelineClosedError, match="closed"):
+        pipe.step(torch.randn(2, 6))
+    with pytest.raises(partime.PipelineClosedError, match="closed"):
+        pipe.flush()
+    with pytest.raises(partime.PipelineClosedError, match="already"):
+        pipe.open()
+
+
+@pytest.mark.parametrize("executor", ["inline", "process"])
+def test_a_sample_unlike_the_first(executor):
+    with partime.Pipeline(mlp(), [3, 4], executor=executor) as pipe:
+        pipe.step(torch.randn(2, 6))
+        with pytest.raises(ValueError, match=r"sample 1 is \(2, 7\) float32, but the first one was \(2, 6\) float32"):
+            pipe.step(torch.randn(2, 7))
+        with pytest.raises(ValueError, match=r"sample 1 is \(2, 6\) float64"):
+            pipe.step(torch.randn(2, 6, dtype=torch.float64))
+        with pytest.raises(TypeError, match="sample 1 must be a tensor or a flat tuple of tensors, got list"):
+            pipe.step([[1.0] * 6])
+        # the pipeline is still usable after input that was refused
+        assert pipe.step(torch.randn(2, 6)).index == 0
+        assert [r.index for r in pipe.flush()] == [1]
+    assert multiprocessing.active_children() == []
+
+
+@pytest.mark.parametrize("executor", ["inline", "process"])
+def test_targets_of_a_supervised_loss(executor):
+    xs, ys = classification_stream(5)
+    with partime.Pipeline(mlp(), [3, 4], executor=executor, loss_fn=nn.CrossEntropyLoss(), optimizer=sgd) as pipe:
+        with pytest.raises(ValueError, match="loss_fn takes a target, but sample 0 came without one"):
+            pipe.step(xs[0])
+        pipe.step(xs[0], ys[0])
+        with pytest.raises(ValueError, match=r"target of sample 1 is \(3,\) int64, but the first one was \(2,\) int64"):
+            pipe.step(xs[1], torch.zeros(3, dtype=torch.long))
+        with pytest.raises(ValueError, match="ys ended before xs: there is no target for sample 1"):
+            list(pipe.stream(xs[1:], ys[1:2][:0]))
+
+
+def test_a_target_for_a_pipeline_without_a_loss():
+    with partime.Pipeline(mlp(), [3, 4], executor="inline") as pipe:
+        with pytest.raises(ValueError, match="sample 0 came with a target, but this pipeline has no loss"):
+            pipe.step(torch.randn(2, 6), torch.zeros(2))
+
+
+@pytest.mark.parametrize("executor", ["inline", "process"])
+def test_a_loss_that_is_not_a_scalar(executor):
+    def per_row(out, y):
+        return nn.functional.cross_entropy(out, y, reduction="none")
+
+    xs, ys = classification_stream(5)
+    with pytest.raises(partime.StageError, match=r"stage 1, sample 0, loss: ValueError: loss_fn must return a scalar tensor, got \(2,\)"):
+        with partime.Pipeline(mlp(), [3, 4], executor=executor, loss_fn=per_row, optimizer=sgd) as pipe:
+            list(pipe.stream(xs, ys))
+    assert multiprocessing.active_children() == []
+
+
+@pytest.mark.parametrize("executor", ["inline", "process"])
+def test_a_non_finite_loss_raises_by_default(executor):
+    xs, ys = classification_stream(8)
+    xs[5] = float("inf")
+    with partime.Pipeline(mlp(), [3, 4], executor=executor, loss_fn=nn.CrossEntropyLoss(), optimizer=sgd) as pipe:
+        with pytest.raises(partime.StageError, match="sample 5, loss: FloatingPointError: the loss of sample 5 is not finite: nan"):
+            list(pipe.stream(xs, ys))
+        # after a failure nothing more is fed
+        with pytest.raises(partime.PipelineClosedError, match="stopped after an error: stage 1, sample 5"):
+            pipe.step(xs[6], ys[6])
+
+
+def test_a_model_that_does_not_fit_its_sample_names_the_stage_and_shapes():
+    model = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(9, 3))
+    with partime.Pipeline(model, [2, 1], executor="process") as pipe:
+        with pytest.raises(partime.StageError, match=r"stage 1, sample 0, forward: RuntimeError: .*2x8 and 9x3"):
+            pipe.step(torch.randn(2, 6))
