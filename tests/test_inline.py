@@ -120,9 +120,10 @@ def test_matches_the_spec_written_by_hand(grad_mode, depth):
         assert len({tuple(v) for v in others.values()}) == 3
 
 
+@pytest.mark.parametrize("compensation", [(), ("lr-scale",), ("weight-prediction",)])
 @pytest.mark.parametrize("grad_mode", ["partime", "stash", "weight-stash"])
 @pytest.mark.parametrize("make_opt", [sgd(0.05), lambda p: torch.optim.Adam(p, lr=1e-3)], ids=["sgd", "adam"])
-def test_depth_one_is_plain_online_learning(grad_mode, make_opt):
+def test_depth_one_is_plain_online_learning(grad_mode, make_opt, compensation):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 3))
     plain = copy.deepcopy(model)
@@ -138,7 +139,7 @@ def test_depth_one_is_plain_online_learning(grad_mode, make_opt):
         opt.step()
         expected.append((out.detach(), loss.item()))
     with partime.Pipeline(model, 1, executor="inline", loss_fn=loss_fn, optimizer=make_opt,
-                          grad_mode=grad_mode) as pipe:
+                          grad_mode=grad_mode, compensation=compensation) as pipe:
         results = list(pipe.stream(xs, ys))
         trained = pipe.module
     for r, (out, loss) in zip(results, expected, strict=True):

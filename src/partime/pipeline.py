@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .compensation import check_compensation
 from .errors import PipelineClosedError, StageError
 from .executors import EXECUTORS, Executor, Layout, Result, executor_class
 from .executors.base import LOOKAHEAD
@@ -34,7 +35,10 @@ class Pipeline:
     ``sample`` (or the first streamed sample) and the model is cut where the slowest stage is
     fastest. With ``loss_fn`` and ``optimizer`` (a factory ``params -> Optimizer``, called once per
     stage) the pipeline learns online as SPEC.md says, under ``grad_mode`` (``"partime"``,
-    ``"stash"`` or ``"weight-stash"``); without them it infers under ``torch.no_grad()``.
+    ``"stash"`` or ``"weight-stash"``) and, if asked, with staleness ``compensation``
+    (``"lr-scale"``, ``"weight-prediction"``: see ``partime.compensation``); without them it
+    infers under ``torch.no_grad()``. ``threads`` is each stage's torch thread count (default:
+    the cores divided among the stages).
 
     >>> model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
     >>> with Pipeline(model, [2, 1], executor="inline") as pipe:
@@ -58,6 +62,7 @@ class Pipeline:
         grad_mode: str = "partime",
         sample: Any = None,
         threads: int | None = None,
+        compensation: str | Sequence[str] = (),
     ):
         check_balance(model, balance)
         if grad_mode not in GRAD_MODES:
@@ -77,7 +82,7 @@ class Pipeline:
         self._threads = threads if threads is not None else max(1, (os.cpu_count() or 1) // depth)
         self._model = model
         self._balance = balance
-        self._config = StageConfig(depth, loss_fn, optimizer, grad_mode, False)
+        self._config = StageConfig(depth, loss_fn, optimizer, grad_mode, False, check_compensation(compensation))
         self._supervised = takes_target(loss_fn) if loss_fn is not None else False
         self._partition: Partition | None = None
         if not isinstance(balance, int) or sample is not None:

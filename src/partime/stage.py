@@ -11,6 +11,9 @@ The grad modes differ only in what the vector-Jacobian product of a late gradien
 - ``stash``: the input of the sample the gradient belongs to, and the current weights;
 - ``weight-stash``: that input, and the weights it went forward with.
 
+With weight prediction (``compensation``), a forward runs with the predicted weights and the
+product of its gradient uses them too, whatever the grad mode.
+
 Where the graph of a forward is still valid for the product (built from the right input with
 weights that no step has changed since) it is reused instead of running the forward again: in
 ``partime`` mode that is every tick with a forward, and at the last stage it is every tick.
@@ -27,6 +30,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from .compensation import StepSizeScale, WeightPredictor, delay
 from .values import as_tensors, is_float
 
 GRAD_MODES = ("partime", "stash", "weight-stash")
@@ -44,6 +48,7 @@ class StageConfig:
     optimizer: OptimizerFactory | None = None
     grad_mode: str = "partime"
     supervised: bool = False
+    compensation: tuple[str, ...] = ()
 
     @property
     def learning(self) -> bool:
@@ -89,8 +94,15 @@ class Stage:
         self._names = [n for n, _ in named]
         self._params = [p for _, p in named]
         self.optimizer = None
+        self._step_size: StepSizeScale | None = None
+        self._predictor: WeightPredictor | None = None
         if config.learning and self._params:
             self.optimizer = config.optimizer(self._params)
+            tau = delay(index, config.depth)
+            if "lr-scale" in config.compensation:
+                self._step_size = StepSizeScale(self.optimizer, tau)
+            if "weight-prediction" in config.compensation:
+                self._predictor = WeightPredictor(self._params, tau)
         self._newest: _Forward | None = None  # partime: the newest input
         self._pending: dict[int, _Forward] = {}  # stash modes: forwards awaiting their gradient
         self._out_is_tuple = False
@@ -103,7 +115,9 @@ class Stage:
                 return self.module(value)
         tensors = as_tensors(value, f"input of stage {self.index}")
         record = _Forward(sample, tuple(self._leaf(t) for t in tensors), not isinstance(value, Tensor))
-        if self.config.grad_mode == "weight-stash":
+        if self._predictor is not None:
+            record.weights = self._predictor.predict()
+        elif self.config.grad_mode == "weight-stash":
             record.weights = [p.detach().clone().requires_grad_() for p in self._params]
         record.outputs = self._run(record)
         if self.config.grad_mode == "partime":
@@ -190,9 +204,13 @@ class Stage:
         if self.optimizer is not None:
             for p, g in zip(self._params, found[: len(weights)]):
                 p.grad = g
+            if self._step_size is not None:
+                self._step_size.before_step()
             self.optimizer.step()
             for p in self._params:
                 p.grad = None
+            if self._predictor is not None:
+                self._predictor.after_step()
             self._drop_stale_graphs()
         if self.index == 0:
             return None

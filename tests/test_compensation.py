@@ -1,0 +1,62 @@
+"""Staleness compensation: its schedules on hand-computed values, its effect in a pipeline."""
+
+import pytest
+import torch
+from torch import nn
+
+import partime
+from partime.compensation import StepSizeScale, WeightPredictor, check_compensation, delay
+
+from models import classification_stream, mlp
+
+
+def test_delays_of_the_stages():
+    assert [delay(i, 4) for i in range(4)] == [6, 4, 2, 0]
+
+
+def test_step_size_scale_anneals_from_lr_over_one_plus_delay_to_lr():
+    param = nn.Parameter(torch.zeros(1))
+    opt = torch.optim.SGD([param], lr=0.3)
+    scale = StepSizeScale(opt, delay=3, anneal_steps=4)
+    lrs = []
+    for _ in range(6):
+        scale.before_step()
+        lrs.append(opt.param_groups[0]["lr"])
+    # (1 + 3) ** -(1 - k / 4) for k = 0, 1, 2, 3, then 1
+    assert lrs == pytest.approx([0.3 / 4, 0.3 / 4 ** 0.75, 0.3 / 2, 0.3 / 4 ** 0.25, 0.3, 0.3])
+
+
+def test_weight_predictor_extrapolates_along_the_velocity():
+    param = nn.Parameter(torch.tensor([1.0]))
+    predictor = WeightPredictor([param], delay=2, momentum=0.5)
+    with torch.no_grad():
+        param += 1.0  # a step of +1
+    predictor.after_step()  # velocity 0.5 * 0 + 0.5 * 1 = 0.5
+    assert predictor.predict()[0].item() == pytest.approx(2.0 + 2 * 0.5)
+    with torch.no_grad():
+        param += 1.0
+    predictor.after_step()  # velocity 0.5 * 0.5 + 0.5 * 1 = 0.75
+    assert predictor.predict()[0].item() == pytest.approx(3.0 + 2 * 0.75)
+    assert predictor.predict()[0].requires_grad
+
+
+def test_unknown_compensation():
+    assert check_compensation("lr-scale") == ("lr-scale",)
+    with pytest.raises(ValueError, match="unknown compensation 'magic'; choose from lr-scale, weight-prediction"):
+        partime.Pipeline(mlp(), 2, compensation=["magic"])
+
+
+@pytest.mark.parametrize("compensation", [("lr-scale",), ("weight-prediction",), ("lr-scale", "weight-prediction")])
+def test_compensation_changes_learning_only_where_there_is_delay_and_matches_in_processes(compensation):
+    xs, ys = classification_stream(60)
+    kw = dict(loss_fn=nn.CrossEntropyLoss(), optimizer=lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.5))
+    runs = {}
+    for name, executor, comp in [("plain", "inline", ()), ("inline", "inline", compensation),
+                                 ("process", "process", compensation)]:
+        with partime.Pipeline(mlp(), [3, 4], executor=executor, threads=1, compensation=comp, **kw) as pipe:
+            runs[name] = [r.loss for r in pipe.stream(xs, ys)], list(pipe.module.parameters())
+    assert runs["inline"][0] == runs["process"][0]
+    assert all(torch.equal(p, q) for p, q in zip(runs["inline"][1], runs["process"][1]))
+    assert runs["inline"][0] != runs["plain"][0]
+    # the last stage has no delay: its first step is the plain one; stage 0's is not
+    assert runs["inline"][0][:2] == runs["plain"][0][:2]
