@@ -171,6 +171,9 @@ class ProcessExecutor(Executor):
                 proc.kill()
                 proc.join()
         self._errors.close()
+        # Let go of the channels and semaphores, so that their segments are unlinked now.
+        self._channels = self._inputs = self._targets = self._results = None
+        self._permits = self._ticks = []
 
     def _check(self) -> None:
         """Called while the caller waits: raise a worker's failure, if there is one."""
@@ -204,6 +207,8 @@ class _Where:
 
 def _work(w: _Worker) -> None:
     """The body of a stage's process: run segments until told to stop, then leave at once."""
+    # Ctrl-C reaches every process of the terminal's group: the caller handles it and stops us.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(w.threads)
     where = _Where()
 
