@@ -7,10 +7,8 @@ samples (and targets, for the last stage) and reads results through channels of 
     caller ──x──► stage 0 ──a──► stage 1 ──a──► … ──► stage D-1 ──result──► caller
                   stage 0 ◄──g── stage 1 ◄──g── … ◄── stage D-1 ◄──target── caller
 
-A worker is a plain loop over the ticks of the schedule (``schedule.forward_sample`` and
-``backward_sample``), blocking on the channel each action reads from; a flush is an END
-message that travels down the activation channels and tells each stage how many samples the
-segment has. A worker starts a tick only when the caller has offered it (a permit semaphore)
+A worker runs ``worker.run_segment`` (the loop every executor with stages of their own shares)
+over these channels. A worker starts a tick only when the caller has offered it (a permit semaphore)
 and counts its finished ticks on another, which is how ``sync`` knows that every stage is
 between the same two ticks.
 
@@ -27,7 +25,6 @@ import logging
 import os
 import signal
 import sys
-import traceback as tb
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +38,8 @@ from ..errors import StageError, WorkerDiedError
 from ..stage import Stage, StageConfig
 from ..transport import KIND_DATA, KIND_END, Aborted, Channel, wait
 from ..values import as_tensors, rebuild
+
+from ..worker import Links, Where, run_segment
 from .base import LOOKAHEAD, Executor, Layout, Result
 
 log = logging.getLogger(__name__)
@@ -56,19 +55,10 @@ JOIN_S = 5.0
 class _Worker:
     """Everything one worker process is started with."""
 
-    index: int
     module: nn.Module
     config: bytes  # the StageConfig, by cloudpickle: loss functions and factories may be lambdas
     threads: int
-    layout: Layout
-    act_in: Channel
-    act_out: Channel | None  # None for the last stage: it sends results instead
-    grad_in: Channel | None  # from the next stage, when learning and not last
-    grad_out: Channel | None  # to the previous stage, when learning and not first
-    targets: Channel | None  # last stage, supervised learning
-    results: Channel | None  # last stage
-    permits: Any  # a semaphore the caller releases once per tick it offers
-    ticks: Any  # a semaphore the worker releases once per finished tick
+    links: Links
     stop: Any  # an event: every worker leaves at its next wait
     errors: Any  # a queue of failures, as dicts
     parent: int  # the caller's pid: a worker whose caller is gone leaves
@@ -109,14 +99,14 @@ class ProcessExecutor(Executor):
         for i, module in enumerate(self.stages):
             last = i == depth - 1
             module.share_memory()  # the caller reads the trained weights in place
-            worker = _Worker(
-                index=i, module=module, config=config, threads=self.threads, layout=layout,
-                act_in=acts[i], act_out=None if last else acts[i + 1],
+            links = Links(
+                index=i, layout=layout, act_in=acts[i], act_out=None if last else acts[i + 1],
                 grad_in=grads[i] if learning and not last else None,
                 grad_out=grads[i - 1] if learning and i > 0 else None,
                 targets=self._targets if last else None, results=self._results if last else None,
-                permits=self._permits[i], ticks=self._ticks[i], stop=self._stop, errors=self._errors, parent=os.getpid(),
+                permits=self._permits[i], ticks=self._ticks[i],
             )
+            worker = _Worker(module, config, self.threads, links, self._stop, self._errors, os.getpid())
             proc = ctx.Process(target=_work, args=(worker,), name=f"partime-stage-{i}", daemon=True)
             self._procs.append(proc)
         try:
@@ -198,19 +188,12 @@ def _death(proc: Any) -> str:
 # -- the worker ---------------------------------------------------------------------------------
 
 
-class _Where:
-    """What a worker is doing, for its error report."""
-
-    sample: int | None = None
-    phase: str = "start"
-
-
 def _work(w: _Worker) -> None:
     """The body of a stage's process: run segments until told to stop, then leave at once."""
     # Ctrl-C reaches every process of the terminal's group: the caller handles it and stops us.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(w.threads)
-    where = _Where()
+    where = Where()
 
     def check() -> None:
         if w.stop.is_set() or os.getppid() != w.parent:
@@ -219,15 +202,13 @@ def _work(w: _Worker) -> None:
     code = 0
     try:
         config: StageConfig = cloudpickle.loads(w.config)
-        stage = Stage(w.index, w.module, config)
+        stage = Stage(w.links.index, w.module, config)
         while True:
-            _run_segment(w, stage, config, check, where)
+            run_segment(stage, w.links, check, where)
     except Aborted:
         pass
     except BaseException as exc:  # noqa: BLE001 - every failure goes back to the caller as data
-        text = "".join(tb.format_exception(type(exc), exc, exc.__traceback__))
-        w.errors.put(dict(stage=w.index, sample=where.sample, phase=where.phase,
-                          message=f"{type(exc).__name__}: {exc}", traceback=text))
+        w.errors.put(where.report(w.links.index, exc))
         w.stop.set()
         code = 1
     # Everything this process shares belongs to the caller, and the error (if any) is already in
@@ -237,55 +218,3 @@ def _work(w: _Worker) -> None:
     os._exit(code)
 
 
-def _run_segment(w: _Worker, stage: Stage, config: StageConfig, check, where: _Where) -> None:
-    """The ticks of one segment, until the END message and this stage's last action.
-
-    A tick starts only once the caller has offered it (a permit), so that no stage runs ahead
-    of the caller and the weights are read between ticks; receiving may happen before.
-    """
-    i, depth, learning = w.index, config.depth, config.learning
-    last = w.act_out is None
-    in_spec = w.layout.input if i == 0 else w.layout.activations[i - 1]
-    n: int | None = None
-    tick = 0
-    while True:
-        if n is not None and tick > schedule.last_tick(i, n, depth, learning):
-            # done with the segment: the ticks left are ones where this stage has nothing to do
-            for _ in range(schedule.segment_ticks(n, depth, learning) - tick):
-                wait(w.permits, check)
-                w.ticks.release()
-            return
-        message = None
-        if schedule.forward_sample(i, tick, n) is not None:
-            where.sample, where.phase = None, "receive"
-            message = w.act_in.get(check=check)
-            if message.kind == KIND_END:  # the segment has n samples: look at this tick again
-                n = message.index
-                if not last:
-                    w.act_out.put(KIND_END, n, check=check)
-                continue
-        wait(w.permits, check)
-        if message is not None:
-            s = where.sample = message.index
-            where.phase = "forward"
-            out = stage.forward(s, rebuild(in_spec, message.tensors))
-            loss = 0.0
-            if last and learning:
-                target = None
-                if w.targets is not None:
-                    target = rebuild(w.layout.target, w.targets.get(check=check).tensors)
-                where.phase = "loss"
-                loss, grad = stage.learn(s, target)
-                if w.grad_out is not None:
-                    w.grad_out.put(KIND_DATA, s, as_tensors(grad, "gradient"), check=check)
-            (w.results if last else w.act_out).put(KIND_DATA, s, as_tensors(out, "output"), loss, check=check)
-        if learning and not last and schedule.backward_sample(i, tick, depth, n) is not None:
-            where.sample, where.phase = None, "receive"
-            message = w.grad_in.get(check=check)
-            s = where.sample = message.index
-            where.phase = "backward"
-            grad = stage.backward(s, rebuild(w.layout.activations[i], message.tensors))
-            if w.grad_out is not None:
-                w.grad_out.put(KIND_DATA, s, as_tensors(grad, "gradient"), check=check)
-        w.ticks.release()
-        tick += 1

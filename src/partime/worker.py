@@ -1,0 +1,117 @@
+"""A stage's worker loop, whatever carries its messages (internal module).
+
+``run_segment`` is the body of every executor whose stages run on their own (a process, a
+torch.distributed rank): a plain loop over the ticks of the schedule (``schedule.forward_sample``
+and ``backward_sample``) that blocks on the link each action reads from. A flush is an END
+message that travels down the activation links and tells each stage how many samples the
+segment has.
+
+A link is anything with ``put(kind, index, tensors=(), scalar=0.0, *, check=None)`` and
+``get(*, check=None) -> Message`` (``transport.Channel`` is one); ``check`` is called while a
+link waits and raises to abort.
+"""
+
+from __future__ import annotations
+
+import traceback as tb
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from . import schedule
+from .executors.base import Layout
+from .stage import Stage
+from .transport import KIND_DATA, KIND_END, wait
+from .values import as_tensors, rebuild
+
+
+@dataclass
+class Links:
+    """Where one stage's messages come from and go to."""
+
+    index: int
+    layout: Layout
+    act_in: Any  # activations (or samples, for stage 0) and the END of each segment
+    act_out: Any | None = None  # None for the last stage: it sends results instead
+    grad_in: Any | None = None  # from the next stage, when learning and not last
+    grad_out: Any | None = None  # to the previous stage, when learning and not first
+    targets: Any | None = None  # last stage, supervised learning
+    results: Any | None = None  # last stage
+    permits: Any | None = None  # a semaphore released once per tick the caller offers, if gated
+    ticks: Any | None = None  # a semaphore the worker releases once per finished tick, if counted
+
+
+class Where:
+    """What a worker is doing, for its error report."""
+
+    sample: int | None = None
+    phase: str = "start"
+
+    def report(self, stage: int, exc: BaseException) -> dict[str, Any]:
+        """A failure as data: the arguments of a ``StageError``."""
+        text = "".join(tb.format_exception(type(exc), exc, exc.__traceback__))
+        return dict(stage=stage, sample=self.sample, phase=self.phase,
+                    message=f"{type(exc).__name__}: {exc}", traceback=text)
+
+
+def run_segment(stage: Stage, links: Links, check: Callable[[], None], where: Where) -> None:
+    """The ticks of one segment, until the END message and this stage's last action.
+
+    With ``permits``, a tick starts only once the caller has offered it, so that no stage runs
+    ahead of the caller and the weights can be read between ticks; receiving may happen before.
+    """
+    i, depth, learning = links.index, stage.config.depth, stage.config.learning
+    last = links.act_out is None
+    in_spec = links.layout.input if i == 0 else links.layout.activations[i - 1]
+    n: int | None = None
+    tick = 0
+    while True:
+        if n is not None and tick > schedule.last_tick(i, n, depth, learning):
+            # done with the segment: the ticks left are ones where this stage has nothing to do
+            for _ in range(schedule.segment_ticks(n, depth, learning) - tick):
+                _start_tick(links, check)
+                _end_tick(links)
+            return
+        message = None
+        if schedule.forward_sample(i, tick, n) is not None:
+            where.sample, where.phase = None, "receive"
+            message = links.act_in.get(check=check)
+            if message.kind == KIND_END:  # the segment has n samples: look at this tick again
+                n = message.index
+                if not last:
+                    links.act_out.put(KIND_END, n, check=check)
+                continue
+        _start_tick(links, check)
+        if message is not None:
+            s = where.sample = message.index
+            where.phase = "forward"
+            out = stage.forward(s, rebuild(in_spec, message.tensors))
+            loss = 0.0
+            if last and learning:
+                target = None
+                if links.targets is not None:
+                    target = rebuild(links.layout.target, links.targets.get(check=check).tensors)
+                where.phase = "loss"
+                loss, grad = stage.learn(s, target)
+                if links.grad_out is not None:
+                    links.grad_out.put(KIND_DATA, s, as_tensors(grad, "gradient"), check=check)
+            (links.results if last else links.act_out).put(KIND_DATA, s, as_tensors(out, "output"), loss, check=check)
+        if learning and not last and schedule.backward_sample(i, tick, depth, n) is not None:
+            where.sample, where.phase = None, "receive"
+            message = links.grad_in.get(check=check)
+            s = where.sample = message.index
+            where.phase = "backward"
+            grad = stage.backward(s, rebuild(links.layout.activations[i], message.tensors))
+            if links.grad_out is not None:
+                links.grad_out.put(KIND_DATA, s, as_tensors(grad, "gradient"), check=check)
+        _end_tick(links)
+        tick += 1
+
+
+def _start_tick(links: Links, check: Callable[[], None]) -> None:
+    if links.permits is not None:
+        wait(links.permits, check)
+
+
+def _end_tick(links: Links) -> None:
+    if links.ticks is not None:
+        links.ticks.release()
