@@ -1,0 +1,235 @@
+"""How much faster a stream goes through a pipeline than through the plain model (a benchmark).
+
+``run_bench`` streams the same frames through ``Pipeline(model, D)`` for each depth D, for
+inference and for online learning, and through the plain model one sample at a time (the
+sequential baseline, with one torch thread and with every core). Each row reports the median
+time per sample over a few blocks of the stream, measured once the workers run and a warm-up
+is over::
+
+    results:  w w w … w | block 0 | block 1 | … | block 4 | tail (the pipeline drains)
+              warm-up      median of the five per-sample times is the row's figure
+
+The model follows the first experiment of PARTIME: a stack of 5x5 convolutions with 32
+channels and ReLUs on small frames. It returns rows (dicts); printing is the CLI's job.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from .partition import Partition
+from .pipeline import Pipeline
+from .transport import measure_hop
+
+log = logging.getLogger(__name__)
+
+MODES = ("inference", "learning")
+CLASSES = 10
+LR = 1e-3
+
+Progress = Callable[[str], None]
+"""Called with a label as each configuration begins (for a progress display)."""
+
+
+def conv_net(layers: int = 12, channels: int = 32, *, classes: int | None = None, seed: int = 0) -> nn.Sequential:
+    """A stem and ``layers`` blocks of 5x5 convolution + ReLU at ``channels`` channels, on RGB frames.
+
+    With ``classes``, a head (global average pool, linear layer to ``classes`` logits) is appended.
+    The convolutions are He-initialised; the weights depend only on ``seed`` (and the sizes), not
+    on the global random state.
+    """
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        blocks = [nn.Sequential(nn.Conv2d(3, channels, 5, padding=2), nn.ReLU())]
+        blocks += [nn.Sequential(nn.Conv2d(channels, channels, 5, padding=2), nn.ReLU()) for _ in range(layers)]
+        if classes is not None:
+            blocks.append(nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(channels, classes)))
+        model = nn.Sequential(*blocks)
+        # He initialisation: with PyTorch's default, a frame's signal fades by about 2.5x per
+        # block and a deep stack outputs little more than its biases, which no stream can teach.
+        for module in model.modules():
+            if isinstance(module, nn.Conv2d):
+                nn.init.kaiming_normal_(module.weight, nonlinearity="relu")
+                nn.init.zeros_(module.bias)
+    return model
+
+
+def sgd(params: Any) -> torch.optim.Optimizer:
+    """The optimizer of every learning configuration (a factory, as ``Pipeline`` takes it)."""
+    return torch.optim.SGD(params, lr=LR)
+
+
+def run_bench(
+    *,
+    executor: str = "process",
+    samples: int = 300,
+    depths: Sequence[int] = (1, 2, 3, 4),
+    size: int = 32,
+    layers: int = 12,
+    channels: int = 32,
+    modes: Sequence[str] = MODES,
+    warmup: int = 20,
+    blocks: int = 5,
+    seed: int = 0,
+    progress: Progress | None = None,
+) -> list[dict[str, Any]]:
+    """One row per mode and configuration: the sequential baselines, then each depth in ``depths``.
+
+    Every configuration runs a copy of the same seeded model on the same ``samples`` frames
+    (batch 1, 3 x ``size`` x ``size``; random labels when learning), timed after ``warmup``
+    results. ``ms_per_sample`` is the median over ``blocks`` blocks of the per-sample time; a
+    speed-up is a baseline's ``ms_per_sample`` over the row's. A pipeline row has its partition
+    and the profiled time of each stage (``stage_ms``, ``max_stage_ms``). Every row carries the
+    per-hop transfer cost (median, microseconds) of a 64 KB payload and of one activation,
+    measured once per call, and ``others_busy``: the fraction of the machine's CPUs that other
+    processes kept busy while the row was timed (``hop_others_busy``: while the hops were; None
+    where that cannot be known), since they skew every figure.
+    """
+    bad = [m for m in modes if m not in MODES]
+    if bad:
+        raise ValueError(f"unknown modes {bad}; choose from {', '.join(MODES)}")
+    if samples < blocks or blocks < 1 or warmup < 0:
+        raise ValueError(f"need samples >= blocks >= 1 and warmup >= 0, "
+                         f"got samples={samples}, blocks={blocks}, warmup={warmup}")
+    if not depths or any(d < 1 or d > layers + 1 for d in depths):
+        raise ValueError(f"depths must be from 1 to layers + 1 = {layers + 1}, got {list(depths)}")
+    report = progress or (lambda label: None)
+    activation_bytes = channels * size * size * 4
+    report("hop cost")
+    cores = os.cpu_count() or 1
+    clocks = cpu_clocks()
+    hops = {
+        "hop_64kb_us": measure_hop(65536)["hop_us_median"],
+        "hop_activation_us": measure_hop(activation_bytes)["hop_us_median"],
+        "activation_bytes": activation_bytes,
+    }
+    hops["hop_others_busy"] = others_busy(clocks, cores)
+    gen = torch.Generator().manual_seed(seed)
+    total = warmup + samples + max(depths)  # the tail keeps the draining pipeline out of the timing
+    xs = torch.randn(total, 1, 3, size, size, generator=gen)
+    ys = torch.randint(0, CLASSES, (total, 1), generator=gen)
+    rows = []
+    for mode in modes:
+        learning = mode == "learning"
+        model = conv_net(layers, channels, classes=CLASSES if learning else None, seed=seed)
+        targets = ys if learning else None
+        timing = dict(samples=samples, warmup=warmup, blocks=blocks)
+        base = {}
+        for threads in sorted({1, cores}):
+            report(f"{mode}: sequential, {threads} thread{'s' if threads > 1 else ''}")
+            clocks = cpu_clocks()
+            ms = _time_sequential(copy.deepcopy(model), xs, targets, threads, **timing)
+            base[threads] = ms
+            rows.append(dict(mode=mode, depth=0, executor=f"sequential ({threads} thr)", threads=threads,
+                             ms_per_sample=ms, others_busy=others_busy(clocks, cores)))
+        for depth in depths:
+            report(f"{mode}: D={depth}, {executor}")
+            clocks = cpu_clocks()
+            ms, partition = _time_pipeline(copy.deepcopy(model), depth, executor, xs, targets, **timing)
+            times = partition.stage_times or ()
+            rows.append(dict(mode=mode, depth=depth, executor=executor, threads=1, ms_per_sample=ms,
+                             others_busy=others_busy(clocks, cores),
+                             partition=str(partition), balance=list(partition.balance),
+                             stage_ms=[t * 1e3 for t in times], max_stage_ms=max(times) * 1e3 if times else None))
+        for row in rows:
+            if row["mode"] == mode:
+                row.update(speedup_vs_seq_1thread=base[1] / row["ms_per_sample"],
+                           speedup_vs_seq_allcores=base[cores] / row["ms_per_sample"],
+                           samples=samples, size=size, layers=layers, channels=channels, **hops)
+    return rows
+
+
+def median_ms(stamps: Sequence[float], warmup: int, blocks: int) -> float:
+    """Median over ``blocks`` blocks of the ms per call from ``stamps[warmup]`` to the last stamp,
+    ``stamps`` being the clock read after each call."""
+    samples = len(stamps) - 1 - warmup
+    if samples < blocks:
+        raise ValueError(f"{blocks} blocks need {blocks} timed samples, "
+                         f"got {samples} ({len(stamps)} stamps, warmup {warmup})")
+    cuts = [warmup + samples * k // blocks for k in range(blocks + 1)]
+    per_block = [(stamps[b] - stamps[a]) * 1e3 / (b - a) for a, b in zip(cuts, cuts[1:])]
+    log.debug("ms per sample by block: %s", per_block)
+    return statistics.median(per_block)
+
+
+def cpu_clocks() -> tuple[float, float, float] | None:
+    """Now: wall seconds, the machine's busy CPU seconds (every process on it) and this process's
+    with its reaped children's; None where ``/proc/stat`` cannot be read (not Linux)."""
+    try:
+        with open("/proc/stat") as f:
+            user, nice, system, _, _, irq, softirq = (int(v) for v in f.readline().split()[1:8])
+    except (OSError, ValueError):
+        return None
+    mine = os.times()
+    return (time.perf_counter(), (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK"),
+            mine.user + mine.system + mine.children_user + mine.children_system)
+
+
+def others_busy(start: tuple[float, float, float] | None, cores: int | None = None) -> float | None:
+    """The fraction of the machine's ``cores`` (default: all) that processes other than this one
+    and its reaped children kept busy since ``start`` (from ``cpu_clocks()``); None if unknown."""
+    end = cpu_clocks()
+    if start is None or end is None:
+        return None
+    wall, machine, mine = (b - a for a, b in zip(start, end))
+    return max(0.0, (machine - mine) / (wall * (cores or os.cpu_count() or 1)))
+
+
+def _time_sequential(model: nn.Sequential, xs: torch.Tensor, ys: torch.Tensor | None, threads: int,
+                     *, samples: int, warmup: int, blocks: int) -> float:
+    """Median ms per sample of the plain model, one sample at a time, with ``threads`` threads."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        if ys is None:
+            def one(i: int) -> None:
+                with torch.no_grad():
+                    model(xs[i])
+        else:
+            loss_fn, optimizer = nn.CrossEntropyLoss(), sgd(model.parameters())
+
+            def one(i: int) -> None:
+                optimizer.zero_grad()
+                loss_fn(model(xs[i]), ys[i]).backward()
+                optimizer.step()
+
+        return median_ms(_stamps(one, warmup + samples + 1), warmup, blocks)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _time_pipeline(model: nn.Sequential, depth: int, executor: str, xs: torch.Tensor, ys: torch.Tensor | None,
+                   *, samples: int, warmup: int, blocks: int) -> tuple[float, Partition]:
+    """Median ms per sample of ``Pipeline(model, depth)`` streaming ``xs``, and its partition."""
+    learning = {} if ys is None else dict(loss_fn=nn.CrossEntropyLoss(), optimizer=sgd)
+    before = torch.get_num_threads()
+    # One thread here too: the layers are then profiled as the stages run them, and the caller,
+    # which only copies samples in and results out, leaves the cores to the stages.
+    torch.set_num_threads(1)
+    try:
+        with Pipeline(model, depth, executor=executor, sample=xs[0], threads=1, **learning) as pipe:
+            results = pipe.stream(iter(xs), None if ys is None else iter(ys))
+            stamps = _stamps(lambda i: next(results), warmup + samples + 1)
+            for _ in results:  # drain: the tail, and every gradient applied, before the pipe closes
+                pass
+            return median_ms(stamps, warmup, blocks), pipe.partition
+    finally:
+        torch.set_num_threads(before)
+
+
+def _stamps(one: Callable[[int], Any], n: int) -> list[float]:
+    """The clock after each of ``n`` calls ``one(0)``, ``one(1)``, ..."""
+    stamps = []
+    for i in range(n):
+        one(i)
+        stamps.append(time.perf_counter())
+    return stamps

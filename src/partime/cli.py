@@ -1,0 +1,117 @@
+"""The ``partime`` command: ``partime bench`` and ``partime demo`` (the only place that prints)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from .executors import EXECUTORS
+
+
+def _depths(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, ...]:
+    try:
+        depths = tuple(int(d) for d in value.split(",") if d.strip())
+    except ValueError:
+        raise click.BadParameter(f"a comma-separated list of whole numbers, e.g. 1,2,3,4; got {value!r}") from None
+    if not depths or min(depths) < 1:
+        raise click.BadParameter(f"give one or more depths of at least 1, got {value!r}")
+    return depths
+
+
+def _console() -> Console:
+    """The console to print on; wide enough for the tables when the output is not a terminal."""
+    console = Console()
+    return console if console.is_terminal else Console(width=170)
+
+
+def progress_bar(console: Console) -> Progress:
+    """The progress display every command shows while it runs."""
+    # A slow refresh: the display shares the cores with the stages it reports on.
+    return Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TimeElapsedColumn(), console=console, transient=True, refresh_per_second=2)
+
+
+@click.group()
+def main() -> None:
+    """partime: a deep network that keeps up with a stream, D stages working at once."""
+
+
+@main.command()
+@click.option("--executor", type=click.Choice(EXECUTORS), default="process", show_default=True,
+              help="How the pipeline's stages run.")
+@click.option("--samples", type=click.IntRange(min=5), default=300, show_default=True,
+              help="Samples timed per configuration (after a warm-up of 20).")
+@click.option("--depths", default="1,2,3,4", show_default=True, callback=_depths,
+              help="Pipeline depths D to time, comma-separated.")
+@click.option("--size", type=click.IntRange(min=1), default=32, show_default=True, help="Frame height and width.")
+@click.option("--layers", type=click.IntRange(min=1), default=12, show_default=True,
+              help="Convolution blocks after the stem.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="Also write the rows to this JSON file.")
+def bench(executor: str, samples: int, depths: tuple[int, ...], size: int, layers: int, json_path: Path | None) -> None:
+    """Time streaming inference and online learning, sequential against pipelined."""
+    from .bench import MODES, run_bench
+
+    if max(depths) > layers + 1:
+        raise click.BadParameter(f"the model has {layers + 1} layers: depths go up to {layers + 1}, got {max(depths)}",
+                                 param_hint="--depths")
+    console = _console()
+    with progress_bar(console) as bar:
+        baselines = len({1, os.cpu_count() or 1})  # sequential with one thread and with every core
+        task = bar.add_task("starting", total=1 + len(MODES) * (baselines + len(depths)))
+        started = [False]
+
+        def report(label: str) -> None:
+            if started[0]:
+                bar.advance(task)
+            started[0] = True
+            bar.update(task, description=label)
+
+        rows = run_bench(executor=executor, samples=samples, depths=depths, size=size, layers=layers, progress=report)
+    console.print(bench_table(rows))
+    first = rows[0]
+    console.print(f"hop cost (median, one put + get between processes): 64 KB {first['hop_64kb_us']:.1f} µs, "
+                  f"one activation ({first['activation_bytes'] // 1024} KB) {first['hop_activation_us']:.1f} µs"
+                  + ("" if first["hop_others_busy"] is None else f" (others {first['hop_others_busy']:.0%})"))
+    console.print(f"{os.cpu_count()} cores; batch-1 frames 3x{size}x{size}; a stem and {layers} blocks of 5x5 conv "
+                  f"(32 channels) + ReLU; median over 5 blocks of {samples} samples")
+    busy = max([first["hop_others_busy"] or 0.0] + [row["others_busy"] or 0.0 for row in rows])
+    if busy > 0.1:
+        console.print(f"[yellow]other processes kept up to {busy:.0%} of the CPUs busy (column 'others'): "
+                      "the rows where they did are skewed; run the bench again on a quiet machine")
+    if json_path is not None:
+        json_path.write_text(json.dumps(rows, indent=2) + "\n")
+        console.print(f"rows written to {json_path}")
+
+
+def bench_table(rows: list[dict]) -> Table:
+    """The rows of ``run_bench`` as a table."""
+    table = Table(title="partime bench: median time per sample")
+    for name in ("mode", "run", "ms/sample", "× seq 1 thr", "× seq all cores", "max stage ms", "others", "partition"):
+        table.add_column(name, justify="left" if name in ("mode", "run", "partition") else "right",
+                         no_wrap=name != "partition")
+    for row in rows:
+        run = row["executor"] if row["depth"] == 0 else f"D={row['depth']} {row['executor']}"
+        stage = f"{row['max_stage_ms']:.2f}" if row.get("max_stage_ms") is not None else ""
+        others = "?" if row["others_busy"] is None else f"{row['others_busy']:.0%}"
+        table.add_row(row["mode"], run, f"{row['ms_per_sample']:.2f}", f"{row['speedup_vs_seq_1thread']:.2f}",
+                      f"{row['speedup_vs_seq_allcores']:.2f}", stage, others, row.get("partition", ""))
+    return table
+
+
+@main.command()
+def demo() -> None:
+    """Stream a generated video through a 2-stage pipeline: inference, then online learning."""
+    from .demo import run_demo
+
+    run_demo(_console())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,80 @@
+"""The ``partime`` command and the demo, on tiny settings (what they report, not how fast)."""
+
+import json
+import math
+
+import torch
+from click.testing import CliRunner
+
+from partime.bench import conv_net, median_ms
+from partime.cli import main
+from partime.demo import blob_video, run_demo
+
+
+def positive(x):
+    return isinstance(x, (int, float)) and math.isfinite(x) and x > 0
+
+
+def test_bench_writes_rows_for_every_mode_and_depth(tmp_path):
+    path = tmp_path / "bench.json"
+    args = ["bench", "--samples", "20", "--depths", "1,2", "--size", "16", "--layers", "2", "--json", str(path)]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    assert "hop cost" in result.output
+    rows = json.loads(path.read_text())
+    keys = {"mode", "depth", "executor", "samples", "ms_per_sample", "speedup_vs_seq_1thread",
+            "speedup_vs_seq_allcores", "hop_64kb_us", "hop_activation_us"}
+    for row in rows:
+        assert keys <= row.keys(), keys - row.keys()
+        assert row["samples"] == 20
+        for key in ("ms_per_sample", "speedup_vs_seq_1thread", "speedup_vs_seq_allcores",
+                    "hop_64kb_us", "hop_activation_us"):
+            assert positive(row[key]), (key, row)
+    pipelined = [(r["mode"], r["depth"]) for r in rows if r["depth"] > 0]
+    assert pipelined == [("inference", 1), ("inference", 2), ("learning", 1), ("learning", 2)]
+    for row in rows:
+        if row["depth"] > 0:
+            assert row["executor"] == "process"
+            assert len(row["balance"]) == row["depth"] and sum(row["balance"]) == 3 + (row["mode"] == "learning")
+            assert positive(row["max_stage_ms"]) and row["partition"].startswith(f"{row['depth']} stage")
+        else:
+            assert row["executor"].startswith("sequential")
+    assert [r["threads"] for r in rows if r["depth"] == 0][:1] == [1]
+    assert {r["activation_bytes"] for r in rows} == {32 * 16 * 16 * 4}
+
+
+def test_bench_rejects_a_depth_beyond_the_layers():
+    result = CliRunner().invoke(main, ["bench", "--depths", "1,9", "--layers", "2"])
+    assert result.exit_code != 0
+    assert "depths go up to 3" in result.output
+
+
+def test_demo_runs_fast_and_reports_its_figures():
+    figures = run_demo(samples=30, learn_samples=60, baseline_samples=20, heldout=20, layers=2)
+    assert figures["outputs_match"] is True
+    for key in ("inference_speedup", "learning_speedup", "wall_s", "inference_ms_pipeline", "learning_ms_pipeline"):
+        assert positive(figures[key]), key
+    for key in ("rolling_accuracy", "stream_accuracy", "heldout_accuracy_before", "heldout_accuracy_after"):
+        assert 0 <= figures[key] <= 1, key
+    assert figures["learning_others_busy"] is None or figures["learning_others_busy"] >= 0
+
+
+def test_conv_net_is_seeded_and_has_the_head_only_for_learning():
+    assert len(conv_net(3)) == 4 and len(conv_net(3, classes=10)) == 5
+    a, b = conv_net(3, seed=1), conv_net(3, seed=1)
+    for p, q in zip(a.parameters(), b.parameters(), strict=True):
+        assert torch.equal(p, q)
+    assert conv_net(3, classes=10)(torch.randn(1, 3, 8, 8)).shape == (1, 10)
+
+
+def test_blob_video_moves_smoothly_through_every_quadrant():
+    frames, quadrants = blob_video(400)
+    assert frames.shape == (400, 1, 3, 32, 32) and quadrants.shape == (400, 1)
+    assert set(quadrants.flatten().tolist()) == {0, 1, 2, 3}
+    # consecutive frames are alike (the stream is smooth): the label rarely changes
+    assert (quadrants[1:] != quadrants[:-1]).sum() < 20
+
+
+def test_median_ms_is_the_median_block():
+    stamps = [0.0, 1.0, 2.0, 3.0, 5.0, 6.0, 16.0]  # warm-up 1, then blocks of 1, 1, 2, 1, 10 s
+    assert median_ms(stamps, 1, 5) == 1000.0
