@@ -1,4 +1,4 @@
-"""The ``partime`` command: ``partime bench`` and ``partime demo`` (the only place that prints)."""
+"""The ``partime`` command: ``bench``, ``fidelity`` and ``demo`` (the only place that prints)."""
 
 from __future__ import annotations
 
@@ -103,6 +103,39 @@ def bench_table(rows: list[dict]) -> Table:
         table.add_row(row["mode"], run, f"{row['ms_per_sample']:.2f}", f"{row['speedup_vs_seq_1thread']:.2f}",
                       f"{row['speedup_vs_seq_allcores']:.2f}", stage, others, row.get("partition", ""))
     return table
+
+
+@main.command()
+@click.option("--frames", type=click.IntRange(min=10), default=4000, show_default=True,
+              help="Samples per run (each a batch of 4 frames).")
+@click.option("--seeds", type=click.IntRange(min=1), default=3, show_default=True, help="Seeds per configuration.")
+@click.option("--depths", default="2,4,8", show_default=True, callback=_depths, help="Pipeline depths D.")
+@click.option("--streams", "stream_names", default="digits,shuffled,camera", show_default=True,
+              help="Streams, comma-separated: digits, shuffled, camera.")
+@click.option("--jobs", type=click.IntRange(min=1), default=os.cpu_count() or 1, show_default=True,
+              help="Runs at once (each on one core).")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("fidelity"),
+              show_default=True, help="Where to write fidelity.json, fidelity.md and fidelity.png.")
+def fidelity(frames: int, seeds: int, depths: tuple[int, ...], stream_names: str, jobs: int, out_dir: Path) -> None:
+    """Measure what learning with delay costs: sequential against D-stage pipelines, test-then-train."""
+    from . import fidelity as fid
+
+    names = tuple(n.strip() for n in stream_names.split(",") if n.strip())
+    unknown = [n for n in names if n not in fid.STREAMS]
+    if unknown or not names:
+        raise click.BadParameter(f"choose from {', '.join(fid.STREAMS)}; got {stream_names!r}", param_hint="--streams")
+    configs = fid.configs(names, depths, seeds)
+    console = _console()
+    with progress_bar(console) as bar:
+        task = bar.add_task("learning", total=len(configs))
+
+        def report(row: dict) -> None:
+            bar.update(task, advance=1, description=f"{row['stream']} {row['label']} seed {row['seed']}")
+
+        rows = fid.run_all(configs, frames, jobs=jobs, progress=report)
+    paths = fid.write(rows, out_dir)
+    console.print(paths["markdown"].read_text())
+    console.print(f"{len(rows)} runs of {frames} samples; written: " + ", ".join(str(p) for p in paths.values()))
 
 
 @main.command()

@@ -1,0 +1,54 @@
+"""The fidelity benchmark on tiny settings: its rows, summary, table and plot."""
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from partime import fidelity as fid
+from partime.cli import main
+
+
+def test_even_balance():
+    assert fid.even_balance(10, 8) == [2, 2, 1, 1, 1, 1, 1, 1]
+    assert fid.even_balance(10, 1) == [10]
+    assert fid.even_balance(8, 4) == [2, 2, 2, 2]
+
+
+def test_configs_cover_sequential_and_every_mode_and_compensation():
+    configs = fid.configs(["digits"], [2, 8], seeds=2)
+    assert len(configs) == 2 * (1 + 2 * len(fid.GRAD_MODES) * len(fid.COMPENSATIONS))
+    assert {c.label for c in configs if c.depth == 1} == {"sequential"}
+    assert "D=8 weight-stash + lr-scale" in {c.label for c in configs}
+
+
+def test_summary_gaps_are_against_sequential():
+    rows = [dict(stream="digits", label="sequential", depth=1, accuracy=0.80, loss=1.0),
+            dict(stream="digits", label="D=2 stash", depth=2, accuracy=0.75, loss=1.2),
+            dict(stream="camera", label="sequential", depth=1, accuracy=None, loss=0.010),
+            dict(stream="camera", label="D=2 stash", depth=2, accuracy=None, loss=0.012)]
+    lines = {(line["stream"], line["label"]): line for line in fid.summarise(rows)}
+    assert lines["digits", "D=2 stash"]["gap"] == pytest.approx(-5.0)
+    assert lines["camera", "D=2 stash"]["gap"] == pytest.approx(20.0)
+    table = fid.markdown(list(lines.values()))
+    assert "| D=2 stash | 75.0% (-5.0) | 0.01200 (+20.0%) |" in table
+
+
+def test_a_tiny_run_writes_json_markdown_and_png(tmp_path):
+    args = ["fidelity", "--frames", "12", "--seeds", "1", "--depths", "2", "--streams", "digits,camera",
+            "--jobs", "1", "--out", str(tmp_path)]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    data = json.loads((tmp_path / "fidelity.json").read_text())
+    assert len(data["runs"]) == 2 * (1 + len(fid.GRAD_MODES) * len(fid.COMPENSATIONS))
+    for run in data["runs"]:
+        assert run["frames"] == 12 and run["loss"] > 0
+        assert (run["accuracy"] is None) == (run["stream"] == "camera")
+    assert (tmp_path / "fidelity.png").read_bytes()[:4] == b"\x89PNG"
+    assert "| sequential |" in (tmp_path / "fidelity.md").read_text()
+
+
+def test_sequential_is_the_same_run_whatever_the_seed_of_the_others():
+    a = fid.run(fid.Config("digits", 1, seed=1), 20)
+    b = fid.run(fid.Config("digits", 1, seed=1), 20)
+    assert a["accuracy"] == b["accuracy"] and a["loss"] == b["loss"]
