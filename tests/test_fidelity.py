@@ -52,3 +52,13 @@ def test_sequential_is_the_same_run_whatever_the_seed_of_the_others():
     a = fid.run(fid.Config("digits", 1, seed=1), 20)
     b = fid.run(fid.Config("digits", 1, seed=1), 20)
     assert a["accuracy"] == b["accuracy"] and a["loss"] == b["loss"]
+
+
+def test_a_diverged_run_is_a_result_not_a_crash(monkeypatch):
+    monkeypatch.setattr(fid, "DIGITS_LR", 1e6)
+    row = fid.run(fid.Config("digits", 2, "weight-stash"), 40)
+    assert row["diverged_at"] is not None and row["loss"] is None
+    assert 0 <= row["accuracy"] < 1
+    lines = fid.summarise([fid.run(fid.Config("digits", 1), 5), row])
+    assert lines[1]["diverged"] == 1
+    assert "1/1 diverged" in fid.markdown(lines)

@@ -30,6 +30,7 @@ from torch import Tensor, nn
 
 from . import streams
 from .metrics import OnlineMetrics
+from .errors import StageError
 from .pipeline import Pipeline
 
 log = logging.getLogger(__name__)
@@ -127,16 +128,25 @@ def run(config: Config, frames: int) -> dict[str, Any]:
     if ys is not None:
         ys = _recording(ys, targets)
     metrics = OnlineMetrics(window=500)
+    diverged_at = None
     with Pipeline(model, even_balance(len(model), config.depth), executor="inline", loss_fn=loss_fn,
                   optimizer=optimizer, grad_mode=config.grad_mode,
                   compensation=(config.compensation,) if config.compensation else ()) as pipe:
-        for result in pipe.stream(xs, ys):
-            # test-then-train: the output was computed before this sample's gradient was applied
-            target = targets[result.index] if targets else None
-            metrics.update(result.output[0] if camera else result.output, target, result.loss)
+        try:
+            for result in pipe.stream(xs, ys):
+                # test-then-train: the output was computed before this sample's gradient was applied
+                target = targets[result.index] if targets else None
+                metrics.update(result.output[0] if camera else result.output, target, result.loss)
+        except StageError as exc:
+            if "not finite" not in exc.message:
+                raise
+            diverged_at = exc.sample  # learning blew up: a result of its own, not a failure of the run
     history = metrics.history()["rolling_loss" if camera else "rolling_accuracy"]
-    return dict(asdict(config), label=config.label, frames=frames,
-                accuracy=None if camera else metrics.accuracy, loss=metrics.loss,
+    accuracy = None
+    if not camera:  # the samples after a divergence count as misses
+        accuracy = metrics.accuracy * metrics.rows / (frames * BATCH) if metrics.rows else 0.0
+    return dict(asdict(config), label=config.label, frames=frames, accuracy=accuracy,
+                loss=None if diverged_at is not None else metrics.loss, diverged_at=diverged_at,
                 history=history[:: max(1, len(history) // 200)])
 
 
@@ -179,6 +189,8 @@ def summarise(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
     The gap is in percentage points of accuracy (pipeline minus sequential) for the digits, and
     in percent of the sequential loss for the camera (positive: the pipeline's loss is higher).
+    A run whose loss became non-finite counts as diverged: for accuracy its remaining samples
+    count as misses; a loss over seeds with a diverged run is None.
     """
     groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for row in rows:
@@ -186,12 +198,17 @@ def summarise(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     lines = []
     for (stream, label), group in groups.items():
         key = "loss" if stream == "camera" else "accuracy"
-        value = statistics.mean(r[key] for r in group)
-        lines.append(dict(stream=stream, label=label, depth=group[0]["depth"], metric=key, value=value,
-                          spread=statistics.pstdev(r[key] for r in group), seeds=len(group)))
+        values = [r[key] for r in group]
+        ok = None not in values
+        lines.append(dict(stream=stream, label=label, depth=group[0]["depth"], metric=key,
+                          value=statistics.mean(values) if ok else None,
+                          spread=statistics.pstdev(values) if ok else None, seeds=len(group),
+                          diverged=sum(r.get("diverged_at") is not None for r in group)))
     for line in lines:
         base = next(x["value"] for x in lines if x["stream"] == line["stream"] and x["depth"] == 1)
-        if line["metric"] == "accuracy":
+        if line["value"] is None or base is None:
+            line["gap"] = None
+        elif line["metric"] == "accuracy":
             line["gap"] = 100 * (line["value"] - base)
         else:
             line["gap"] = 100 * (line["value"] - base) / base
@@ -211,12 +228,15 @@ def markdown(lines: Sequence[dict[str, Any]]) -> str:
         cells = []
         for s in stream_names:
             line = cell.get((s, label))
+            note = f", {line['diverged']}/{line['seeds']} diverged" if line and line["diverged"] else ""
             if line is None:
                 cells.append("")
+            elif line["value"] is None:
+                cells.append(f"diverged ({line['diverged']}/{line['seeds']})")
             elif line["metric"] == "accuracy":
-                cells.append(f"{100 * line['value']:.1f}% ({line['gap']:+.1f})")
+                cells.append(f"{100 * line['value']:.1f}% ({line['gap']:+.1f}{note})")
             else:
-                cells.append(f"{line['value']:.5f} ({line['gap']:+.1f}%)")
+                cells.append(f"{line['value']:.5f} ({line['gap']:+.1f}%{note})")
         out.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(out) + "\n"
 
