@@ -61,6 +61,8 @@ def bench(executor: str, samples: int, depths: tuple[int, ...], size: int, layer
     if max(depths) > layers + 1:
         raise click.BadParameter(f"the model has {layers + 1} layers: depths go up to {layers + 1}, got {max(depths)}",
                                  param_hint="--depths")
+    if executor == "distributed":
+        return _bench_distributed(samples, size, layers, json_path)
     console = _console()
     with progress_bar(console) as bar:
         baselines = len({1, os.cpu_count() or 1})  # sequential with one thread and with every core
@@ -74,14 +76,28 @@ def bench(executor: str, samples: int, depths: tuple[int, ...], size: int, layer
             bar.update(task, description=label)
 
         rows = run_bench(executor=executor, samples=samples, depths=depths, size=size, layers=layers, progress=report)
+    _print_bench(_console(), rows, size, layers, samples, json_path)
+
+
+def _bench_distributed(samples: int, size: int, layers: int, json_path: Path | None) -> None:
+    """``partime bench --executor distributed``, run by every rank under torchrun (D = world size)."""
+    from .executors.distributed import bench_distributed
+
+    rows = bench_distributed(samples, size, layers)
+    if rows is not None:  # rank 0; the other ranks served their stages
+        _print_bench(_console(), rows, size, layers, samples, json_path)
+
+
+def _print_bench(console: Console, rows: list[dict], size: int, layers: int, samples: int,
+                 json_path: Path | None) -> None:
     console.print(bench_table(rows))
     first = rows[0]
     console.print(f"hop cost (median, one put + get between processes): 64 KB {first['hop_64kb_us']:.1f} µs, "
                   f"one activation ({first['activation_bytes'] // 1024} KB) {first['hop_activation_us']:.1f} µs"
-                  + ("" if first["hop_others_busy"] is None else f" (others {first['hop_others_busy']:.0%})"))
+                  + ("" if first.get("hop_others_busy") is None else f" (others {first['hop_others_busy']:.0%})"))
     console.print(f"{os.cpu_count()} cores; batch-1 frames 3x{size}x{size}; a stem and {layers} blocks of 5x5 conv "
                   f"(32 channels) + ReLU; median over 5 blocks of {samples} samples")
-    busy = max([first["hop_others_busy"] or 0.0] + [row["others_busy"] or 0.0 for row in rows])
+    busy = max([first.get("hop_others_busy") or 0.0] + [row["others_busy"] or 0.0 for row in rows])
     if busy > 0.1:
         console.print(f"[yellow]other processes kept up to {busy:.0%} of the CPUs busy (column 'others'): "
                       "the rows where they did are skewed; run the bench again on a quiet machine")

@@ -80,13 +80,16 @@ class Pipeline:
         if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
             raise ValueError(f"threads must be a whole number of at least 1, got {threads!r}")
         self._threads = threads if threads is not None else max(1, (os.cpu_count() or 1) // depth)
+        if executor == "process" and depth > (os.cpu_count() or 1):
+            log.warning("%d stages on %d cores: stages will share cores, and the pipeline will not run "
+                        "%d times faster", depth, os.cpu_count(), depth)
         self._model = model
         self._balance = balance
         self._config = StageConfig(depth, loss_fn, optimizer, grad_mode, False, check_compensation(compensation))
         self._supervised = takes_target(loss_fn) if loss_fn is not None else False
         self._partition: Partition | None = None
         if not isinstance(balance, int) or sample is not None:
-            self._partition = plan(model, balance, sample, learning=self.learning)
+            self._partition = self._plan(sample)
         self._executor: Executor | None = None
         self._state = "new"  # new -> open -> closed
         self._failure: str | None = None
@@ -95,6 +98,8 @@ class Pipeline:
         self._next_index = 0
         self._in_segment = 0  # samples fed since the segment began
         self._taken = 0  # results handed out since the segment began
+        # The distributed executor runs one stage per rank; on ranks > 0 the pipeline serves its stage.
+        self._rank = getattr(self._executor_class, "rank", lambda depth: 0)(depth)
 
     # -- public ---------------------------------------------------------------------------------
 
@@ -123,13 +128,17 @@ class Pipeline:
         if self._state != "new":
             raise PipelineClosedError(f"this pipeline was already {self._state}ed; make a new one")
         self._state = "open"
+        if self._rank > 0:  # serve this rank's stage until rank 0 closes the pipeline
+            self._guard(self._executor_class.serve, self._rank, self._model, self._config, self._threads)
         return self
 
     def close(self) -> None:
         """Stop and join every worker; the results still inside the pipeline are dropped."""
-        self._state = "closed"
+        was_open, self._state = self._state == "open", "closed"
         if self._executor is not None:
             self._executor.close()
+        elif was_open and self._rank == 0 and hasattr(self._executor_class, "cancel"):
+            self._executor_class.cancel(self._failure)  # ranks > 0 wait for the first sample
 
     def __enter__(self) -> Pipeline:
         return self.open()
@@ -142,6 +151,8 @@ class Pipeline:
 
         Returns the result that left the pipeline during this tick, or None while it fills up.
         """
+        if self._rank > 0:  # rank 0 reads the stream; this rank served its stage in open()
+            return None
         self._feed(x, y)
         return self._take() if self._due() else None
 
@@ -150,6 +161,8 @@ class Pipeline:
 
         When learning, every fed sample's gradient has been applied at every stage on return.
         """
+        if self._rank > 0:
+            return []
         self._check_open()
         if self._in_segment == 0:
             return []
@@ -165,6 +178,8 @@ class Pipeline:
         The same results as ``step`` on each sample and a ``flush``; while a result is handed
         out, the pipeline may have run one tick further (so that no stage waits for the caller).
         """
+        if self._rank > 0:
+            return
         targets = iter(ys) if ys is not None else None
         for x in xs:
             y = None if targets is None else next(targets, _MISSING)
@@ -186,9 +201,21 @@ class Pipeline:
         devices = [str(torch.device(d)) for d in devices]
         if len(devices) != depth:
             raise ValueError(f"devices and stages differ in number (stages: {depth}, devices: {len(devices)})")
+        if executor == "distributed":
+            raise ValueError(f"the distributed executor puts stage r on rank r's device (cuda:LOCAL_RANK, or the CPU "
+                             f"without GPUs); leave devices=None, got {devices}")
         if executor == "process" and any(d != "cpu" for d in devices):
             raise ValueError(f"the process executor runs stages on the CPU only, got devices {devices}")
         return devices
+
+    def _plan(self, sample: Any) -> Partition:
+        """The partition, timing layers (if it must) with the thread count each stage will have."""
+        before = torch.get_num_threads()
+        torch.set_num_threads(self._threads)
+        try:
+            return plan(self._model, self._balance, sample, learning=self.learning)
+        finally:
+            torch.set_num_threads(before)
 
     def _check_open(self) -> None:
         if self._state == "new":
@@ -223,7 +250,7 @@ class Pipeline:
         """Fix the partition and every boundary's layout from the first sample; start the executor."""
         self._config.supervised = bool(self._supervised)
         if self._partition is None:
-            self._partition = plan(self._model, self._balance, x, learning=self.learning)
+            self._partition = self._plan(x)
             log.info("balanced: %s", self._partition)
         stages = split(self._model, self._partition.balance)
         layout = _layout(stages, x, self._y_spec)

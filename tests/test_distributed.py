@@ -1,0 +1,285 @@
+"""The distributed executor against the inline reference, with 2 and 3 ranks on localhost (gloo).
+
+Each test starts its ranks as processes running this file (with the environment torchrun gives:
+MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK), listening on 127.0.0.1 only; rank 0
+saves what it saw, and the test compares it with the inline executor run here. Every rank is
+always reaped.
+"""
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+import partime
+
+from models import Join, Pair, classification_stream, mlp, reconstruction_loss
+
+BALANCES = {2: [3, 4], 3: [2, 3, 2]}
+TUPLE_BALANCES = {2: [2, 2], 3: [2, 1, 1]}  # the first boundary carries a tuple
+OPTIMIZERS = {
+    "sgd": lambda params: torch.optim.SGD(params, lr=0.05, momentum=0.9),
+    "adam": lambda params: torch.optim.Adam(params, lr=1e-2),
+}
+LEARNING = {  # every grad mode, each with its own optimizer
+    "partime": "sgd",
+    "stash": "adam",
+    "weight-stash": "sgd",
+}
+COMPENSATED = dict(loss_fn=nn.CrossEntropyLoss(), optimizer=OPTIMIZERS["sgd"], grad_mode="partime",
+                   compensation=("lr-scale", "weight-prediction"))
+SAMPLES = 40
+FAIL_AT = 13
+
+
+def tuple_model():
+    torch.manual_seed(3)
+    return nn.Sequential(nn.Linear(6, 5), Pair(), Join(), nn.Linear(10, 4))
+
+
+def learning(grad_mode):
+    return dict(loss_fn=nn.CrossEntropyLoss(), optimizer=OPTIMIZERS[LEARNING[grad_mode]], grad_mode=grad_mode)
+
+
+def run(executor, model, balance, xs, ys=None, **kw):
+    """Stream ``xs``: the results and the trained model (rank 0), or nothing (ranks > 0)."""
+    with partime.Pipeline(model, balance, executor=executor, threads=1, **kw) as pipe:
+        results = [(r.index, r.output, r.loss) for r in pipe.stream(xs, ys)]
+        return results, [p.detach().clone() for p in pipe.module.parameters()], pipe.partition
+
+
+def trace(executor, depth):
+    """Steps, two flushes and the weights read between ticks, as the caller sees them."""
+    xs, ys = classification_stream(SAMPLES)
+    seen = []
+    with partime.Pipeline(mlp(), BALANCES[depth], executor=executor, threads=1, **learning("stash")) as pipe:
+        for i in range(25):
+            r = pipe.step(xs[i], ys[i])
+            seen.append(None if r is None else (r.index, r.loss))
+            if i in (4, 17):
+                seen.append([p.detach().clone() for p in pipe.module.parameters()])
+        seen.append([(r.index, r.loss) for r in pipe.flush()])
+        for i in range(25, SAMPLES):  # a second segment
+            r = pipe.step(xs[i], ys[i])
+            seen.append(None if r is None else (r.index, r.loss))
+        seen.append([(r.index, r.loss) for r in pipe.flush()])
+        seen.append([p.detach().clone() for p in pipe.module.parameters()])
+    return seen
+
+
+# -- what each rank runs -------------------------------------------------------------------------
+
+
+class Boom(nn.Module):
+    """Raises at the forward of sample ``at`` (inference: one forward per sample), noting the time."""
+
+    def __init__(self, at, out):
+        super().__init__()
+        self.at, self.out, self.calls = at, out, 0
+
+    def forward(self, x):
+        self.calls += 1
+        if self.calls == self.at + 1:
+            Path(self.out, "failed_at").write_text(repr(time.time()))
+            raise RuntimeError("boom")
+        return x
+
+
+class Vanish(Boom):
+    """Ends its process without a word at the forward of sample ``at``."""
+
+    def forward(self, x):
+        self.calls += 1
+        if self.calls == self.at + 1:
+            Path(self.out, "failed_at").write_text(repr(time.time()))
+            os._exit(9)
+        return x
+
+
+def join_on_localhost(depth, rank):
+    """The process group torchrun's environment describes, with every port on 127.0.0.1 (its
+    env:// start would listen on every interface; gloo keeps to GLOO_SOCKET_IFNAME=lo)."""
+    port, listening = int(os.environ["MASTER_PORT"]), None
+    if rank == 0:
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", port))
+        sock.listen()
+        listening = sock.detach()  # the store's from now on
+    store = dist.TCPStore("127.0.0.1", port, depth, rank == 0, master_listen_fd=listening, use_libuv=False)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=depth)
+
+
+def rank_main(scenario, out):
+    depth, rank = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
+    join_on_localhost(depth, rank)
+    torch.set_num_threads(1)
+    xs, ys = classification_stream(SAMPLES)
+    if scenario == "compare":
+        seen = {"inference": run("distributed", mlp(), BALANCES[depth], xs)}
+        seen["balanced"] = run("distributed", mlp(), depth, xs, sample=xs[0] if rank == 0 else None)
+        for grad_mode in LEARNING:
+            seen[grad_mode] = run("distributed", mlp(), BALANCES[depth], xs, ys, **learning(grad_mode))
+        seen["compensated"] = run("distributed", mlp(), BALANCES[depth], xs, ys, **COMPENSATED)
+        seen["tuple"] = run("distributed", tuple_model(), TUPLE_BALANCES[depth], xs, loss_fn=reconstruction_loss,
+                            optimizer=OPTIMIZERS["sgd"], grad_mode="weight-stash")
+        seen["trace"] = trace("distributed", depth)
+        if rank == 0:
+            torch.save(seen, Path(out, "seen.pt"))
+    elif scenario == "mismatch":  # rank 1 was given another model
+        run("distributed", mlp(width=9 if rank == 1 else 8), BALANCES[depth], xs)
+    else:  # a stage fails: at the start of stage 1 (raise), or of stage 2 (vanish)
+        layers = list(mlp())
+        if scenario == "raise":
+            model, balance = nn.Sequential(*layers[:2], Boom(FAIL_AT, out), *layers[2:]), [2, 3, 3]
+        else:
+            model, balance = nn.Sequential(*layers[:4], Vanish(FAIL_AT, out), *layers[4:]), [2, 2, 4]
+        run("distributed", model, balance, xs)
+
+
+# -- the tests -----------------------------------------------------------------------------------
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(out, depth, scenario, timeout=90.0):
+    """Run ``scenario`` on ``depth`` ranks; each rank's exit code, exit time and log."""
+    port = _free_port()
+    procs, logs = [], []
+    for rank in range(depth):
+        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                   WORLD_SIZE=str(depth), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(depth),
+                   GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
+        logs.append(Path(out, f"rank{rank}.log"))
+        with open(logs[-1], "w") as log:
+            procs.append(subprocess.Popen([sys.executable, __file__, scenario, str(out)], env=env,
+                                          stdout=log, stderr=subprocess.STDOUT))
+    ended = [None] * depth
+    deadline = time.monotonic() + timeout
+    try:
+        while None in ended and time.monotonic() < deadline:
+            for rank, proc in enumerate(procs):
+                if ended[rank] is None and proc.poll() is not None:
+                    ended[rank] = time.time()
+            time.sleep(0.05)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+    return [p.returncode for p in procs], ended, [log.read_text() for log in logs]
+
+
+@pytest.fixture(scope="module", params=[2, 3], ids=["2 ranks", "3 ranks"])
+def ranks(request, tmp_path_factory):
+    """What rank 0 saw, with ``request.param`` ranks."""
+    depth = request.param
+    out = tmp_path_factory.mktemp(f"ranks{depth}")
+    codes, _, logs = launch(out, depth, "compare")
+    assert codes == [0] * depth, "\n\n".join(logs)
+    return depth, torch.load(Path(out, "seen.pt"), weights_only=False)
+
+
+def assert_same(a, b):
+    (results_a, params_a, _), (results_b, params_b, _) = a, b
+    assert [r[0] for r in results_a] == [r[0] for r in results_b] == list(range(SAMPLES))
+    for (i, out_a, loss_a), (_, out_b, loss_b) in zip(results_a, results_b):
+        assert torch.equal(out_a, out_b), i
+        assert loss_a == loss_b, i
+    for p, q in zip(params_a, params_b, strict=True):
+        assert torch.equal(p, q)
+
+
+def test_inference_matches_inline_and_the_model(ranks):
+    depth, seen = ranks
+    xs, _ = classification_stream(SAMPLES)
+    assert_same(seen["inference"], run("inline", mlp(), BALANCES[depth], xs))
+    results, params, partition = seen["balanced"]  # cut by timing on rank 0, the cut sent to every rank
+    assert partition.depth == depth
+    model = mlp()
+    with torch.no_grad():
+        for (i, out, _), x in zip(results, xs, strict=True):
+            assert torch.equal(out, model(x)), i
+
+
+@pytest.mark.parametrize("grad_mode", list(LEARNING))
+def test_learning_matches_inline(ranks, grad_mode):
+    depth, seen = ranks
+    xs, ys = classification_stream(SAMPLES)
+    assert_same(seen[grad_mode], run("inline", mlp(), BALANCES[depth], xs, ys, **learning(grad_mode)))
+    assert not torch.equal(seen[grad_mode][1][0], next(mlp().parameters()))  # it learnt
+
+
+def test_staleness_compensation_matches_inline(ranks):
+    depth, seen = ranks
+    xs, ys = classification_stream(SAMPLES)
+    assert_same(seen["compensated"], run("inline", mlp(), BALANCES[depth], xs, ys, **COMPENSATED))
+
+
+def test_tuple_activations_and_unsupervised_loss_match_inline(ranks):
+    depth, seen = ranks
+    xs, _ = classification_stream(SAMPLES)
+    kw = dict(loss_fn=reconstruction_loss, optimizer=OPTIMIZERS["sgd"], grad_mode="weight-stash")
+    assert_same(seen["tuple"], run("inline", tuple_model(), TUPLE_BALANCES[depth], xs, **kw))
+
+
+def test_steps_flushes_and_weights_between_ticks_match_inline(ranks):
+    depth, seen = ranks
+    for a, b in zip(seen["trace"], trace("inline", depth), strict=True):
+        if isinstance(a, list) and a and isinstance(a[0], torch.Tensor):
+            assert all(torch.equal(p, q) for p, q in zip(a, b, strict=True))
+        else:
+            assert a == b
+
+
+@pytest.mark.parametrize("scenario", ["raise", "vanish"])
+def test_a_failing_rank_stops_every_rank_within_seconds_with_an_error_naming_it(tmp_path, scenario):
+    codes, ended, logs = launch(tmp_path, 3, scenario)
+    failed_at = float(Path(tmp_path, "failed_at").read_text())
+    assert all(code != 0 for code in codes), (codes, logs)
+    assert max(ended) - failed_at < 5.0, (max(ended) - failed_at, logs)
+    if scenario == "raise":  # every rank, rank 1 included, raises rank 1's error
+        for log in logs:
+            assert f"StageError: stage 1, sample {FAIL_AT}, forward: RuntimeError: boom (rank 1 on" in log
+            assert 'raise RuntimeError("boom")' in log  # the original traceback
+    else:  # rank 2 vanished: its neighbours saw their links to it break
+        for log in logs[:2]:
+            assert "partime.errors.WorkerDiedError: stage 2, running: rank 2 is gone: rank " in log, log
+
+
+def test_ranks_given_different_models_stop_at_the_first_sample_naming_the_stage(tmp_path):
+    codes, _, logs = launch(tmp_path, 2, "mismatch")
+    assert codes[0] != 0 and codes[1] != 0, (codes, logs)
+    differs = "stage 1 of the model differs between rank 1 and rank 0: ['4.weight (9, 9) float32', "
+    assert "ValueError: " + differs in logs[1]
+    assert "partime.errors.StageError: stage 1, start: " + differs in logs[0]
+    theirs = "'4.weight (8, 8) float32', '4.bias (8,) float32', '6.weight (3, 8) float32', '6.bias (3,) float32'"
+    assert f"[{theirs}] on rank 0" in logs[0]
+
+
+def test_it_runs_under_torchrun_only_with_one_rank_per_stage(monkeypatch):
+    for var in ("RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(var, raising=False)
+    with pytest.raises(ValueError, match="torchrun --standalone --nproc-per-node=D"):
+        partime.Pipeline(mlp(), [3, 4], executor="distributed")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    with pytest.raises(ValueError, match=r"2 stages and 3 ranks; start 2 ranks \(torchrun --nproc-per-node=2\)"):
+        partime.Pipeline(mlp(), [3, 4], executor="distributed")
+    with pytest.raises(ValueError, match="leave devices=None"):
+        partime.Pipeline(mlp(), [3, 4], executor="distributed", devices=["cpu", "cpu"])
+
+
+if __name__ == "__main__":
+    rank_main(sys.argv[1], sys.argv[2])
