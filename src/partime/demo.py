@@ -34,7 +34,7 @@ from .pipeline import Pipeline
 
 DEPTH = 2
 WARMUP = 20  # results left out of the timing
-WINDOW = 100  # samples in the rolling accuracy
+WINDOW = 200  # samples in the rolling accuracy
 
 
 def blob_video(n: int, size: int = 32, *, seed: int = 0, smooth: bool = True) -> tuple[Tensor, Tensor]:
@@ -66,7 +66,7 @@ def run_demo(
     console: Console | None = None,
     *,
     samples: int = 300,
-    learn_samples: int = 2000,
+    learn_samples: int = 3000,
     baseline_samples: int = 200,
     heldout: int = 200,
     layers: int = 12,
