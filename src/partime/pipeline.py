@@ -18,10 +18,10 @@ from torch import nn
 from .compensation import check_compensation
 from .errors import PipelineClosedError, StageError
 from .executors import EXECUTORS, Executor, Layout, Result, executor_class
-from .executors.base import LOOKAHEAD
+from .executors.base import LOOKAHEAD, stage_error
 from .partition import Partition, check_balance, plan, split
 from .stage import GRAD_MODES, LossFn, OptimizerFactory, StageConfig, takes_target
-from .values import ValueSpec, as_tensors, check_like, spec_of
+from .values import ValueSpec, check_like, spec_of
 
 log = logging.getLogger(__name__)
 
@@ -299,11 +299,8 @@ def _layout(stages: list[nn.Sequential], x: Any, target: ValueSpec | None) -> La
             try:
                 value = stage(value)
             except Exception as exc:
-                from .executors.base import stage_error
-
                 raise stage_error(i, 0, "forward", exc) from exc
             specs.append(spec_of(value, f"output of stage {i}"))
-    as_tensors(x, "sample 0")
     return Layout(spec_of(x, "sample 0"), tuple(specs[:-1]), specs[-1], target)
 
 
