@@ -1,6 +1,5 @@
 """The process executor against the inline reference."""
 
-import copy
 import multiprocessing
 
 import pytest

@@ -17,7 +17,6 @@ from __future__ import annotations
 import copy
 import math
 import time
-from collections import deque
 from typing import Any
 
 import torch
