@@ -10,6 +10,7 @@ import pytest
 import torch
 from torch import Tensor, nn
 
+from partime.delay_cut import DELAY_SLACK, delay_aware_split
 from partime.partition import (
     Partition,
     best_split,
@@ -335,16 +336,31 @@ def _one_heavy_child() -> nn.Sequential:
     return nn.Sequential(tiny[0], tiny[1], heavy, tiny[2], tiny[3], tiny[4])
 
 
-@pytest.mark.parametrize("learning", [False, True])
 @pytest.mark.usefixtures("one_thread")
-def test_plan_isolates_the_expensive_child(learning: bool) -> None:
+def test_plan_for_inference_isolates_the_expensive_child() -> None:
     torch.manual_seed(0)
     model = _one_heavy_child()
-    p = plan(model, 3, torch.randn(256, 16), learning=learning)
+    p = plan(model, 3, torch.randn(256, 16), learning=False)
     assert p.depth == 3 and sum(p.balance) == len(model)
     assert p.layer_times is not None and len(p.layer_times) == len(model)
     assert p.bounds[1] == (2, 3), str(p)  # the heavy child alone in the middle stage
     assert p.balance == best_split(p.layer_times, 3)
+    assert all(q.grad is None for q in model.parameters())
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_plan_for_learning_gives_the_expensive_child_to_the_last_stage() -> None:
+    # The heavy child holds most weights, and the tiny ones after it cost less than DELAY_SLACK
+    # of its time: the delay-aware cut keeps it out of the delay at hardly any cost in speed.
+    torch.manual_seed(0)
+    model = _one_heavy_child()
+    p = plan(model, 3, torch.randn(256, 16), learning=True)
+    assert p.layer_times is not None
+    assert p.balance == (1, 1, 4), str(p)
+    params = [sum(q.numel() for q in child.parameters()) for child in model]
+    assert p.balance == delay_aware_split(p.layer_times, params, 3)
+    assert max(p.stage_times) <= (1 + DELAY_SLACK) * max(Partition(best_split(p.layer_times, 3),
+                                                                   p.layer_times).stage_times)
     assert all(q.grad is None for q in model.parameters())
 
 

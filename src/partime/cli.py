@@ -130,9 +130,12 @@ def bench_table(rows: list[dict]) -> Table:
               help="Streams, comma-separated: digits, shuffled, camera.")
 @click.option("--jobs", type=click.IntRange(min=1), default=os.cpu_count() or 1, show_default=True,
               help="Runs at once (each on one core).")
+@click.option("--cut", "how", type=click.Choice(["planned", "even"]), default="planned", show_default=True,
+              help="planned: as a learning Pipeline(balance=D) cuts the model; even: as many layers in each stage.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("fidelity"),
               show_default=True, help="Where to write fidelity.json, fidelity.md and fidelity.png.")
-def fidelity(frames: int, seeds: int, depths: tuple[int, ...], stream_names: str, jobs: int, out_dir: Path) -> None:
+def fidelity(frames: int, seeds: int, depths: tuple[int, ...], stream_names: str, jobs: int, how: str,
+             out_dir: Path) -> None:
     """Measure what learning with delay costs: sequential against D-stage pipelines, test-then-train."""
     from . import fidelity as fid
 
@@ -140,7 +143,7 @@ def fidelity(frames: int, seeds: int, depths: tuple[int, ...], stream_names: str
     unknown = [n for n in names if n not in fid.STREAMS]
     if unknown or not names:
         raise click.BadParameter(f"choose from {', '.join(fid.STREAMS)}; got {stream_names!r}", param_hint="--streams")
-    configs = fid.configs(names, depths, seeds)
+    configs = fid.configs(names, depths, seeds, how)
     console = _console()
     with progress_bar(console) as bar:
         task = bar.add_task("learning", total=len(configs))

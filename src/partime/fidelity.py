@@ -5,6 +5,11 @@ test-then-train, through the ``inline`` executor: the numbers are those of a rea
 pipeline (the executors are tested equal), but the run measures learning, not hardware, and
 needs one core. D = 1 is sequential online learning.
 
+The cut at each depth is, by default, the one a ``Pipeline`` given ``balance=D`` chooses when it
+learns (``delay_cut``: as fast as the fastest cut within 10%, with the fewest weights delayed),
+planned once per model and depth so that every run at that depth uses the same cut; ``cut="even"``
+gives each stage the same number of layers instead, to show what the choice of cut is worth.
+
 Streams:
 - ``digits``: ``streams.moving_digits``, a small CNN classifying each frame (accuracy);
 - ``shuffled``: the same frames in i.i.d. order, where the smoothness bet does not hold;
@@ -31,6 +36,7 @@ from torch import Tensor, nn
 from . import streams
 from .metrics import OnlineMetrics
 from .errors import StageError
+from .partition import plan
 from .pipeline import Pipeline
 
 log = logging.getLogger(__name__)
@@ -45,6 +51,7 @@ HOLD, BATCH = 10, 4  # digits: each digit held 10 frames; 4 independent streams 
 # and momentum 0.9 fails even sequentially (12-23%): a held digit repeats its gradient, and
 # momentum piles the repeats up.
 DIGITS_LR = 0.07
+CUTS = ("planned", "even")
 
 
 @dataclass(frozen=True)
@@ -56,6 +63,7 @@ class Config:
     grad_mode: str = "partime"
     compensation: str = ""
     seed: int = 0
+    balance: tuple[int, ...] | None = None  # layers per stage; None: even
 
     @property
     def label(self) -> str:
@@ -129,7 +137,8 @@ def run(config: Config, frames: int) -> dict[str, Any]:
         ys = _recording(ys, targets)
     metrics = OnlineMetrics(window=500)
     diverged_at = None
-    with Pipeline(model, even_balance(len(model), config.depth), executor="inline", loss_fn=loss_fn,
+    balance = list(config.balance) if config.balance else even_balance(len(model), config.depth)
+    with Pipeline(model, balance, executor="inline", loss_fn=loss_fn,
                   optimizer=optimizer, grad_mode=config.grad_mode,
                   compensation=(config.compensation,) if config.compensation else ()) as pipe:
         try:
@@ -145,7 +154,7 @@ def run(config: Config, frames: int) -> dict[str, Any]:
     accuracy = None
     if not camera:  # the samples after a divergence count as misses
         accuracy = metrics.accuracy * metrics.rows / (frames * BATCH) if metrics.rows else 0.0
-    return dict(asdict(config), label=config.label, frames=frames, accuracy=accuracy,
+    return dict(asdict(config), balance=balance, label=config.label, frames=frames, accuracy=accuracy,
                 loss=None if diverged_at is not None else metrics.loss, diverged_at=diverged_at,
                 history=history[:: max(1, len(history) // 200)])
 
@@ -156,13 +165,33 @@ def _recording(ys: Iterator[Tensor], into: list[Tensor]) -> Iterator[Tensor]:
         yield y
 
 
-def configs(stream_names: Sequence[str], depths: Sequence[int], seeds: int) -> list[Config]:
-    """Sequential, and every grad mode and compensation at each depth, for each seed."""
+def cut(stream: str, depth: int, how: str = "planned") -> tuple[int, ...]:
+    """Layers per stage of the stream's model at ``depth``: ``"planned"`` as a learning
+    ``Pipeline(balance=depth)`` would cut it (timed on one thread on a sample of the stream), or
+    ``"even"``, the same number of layers in each stage (the larger stages first)."""
+    if how not in CUTS:
+        raise ValueError(f"unknown cut {how!r}; choose from {', '.join(CUTS)}")
+    model = camera_model() if stream == "camera" else digits_model()
+    if how == "even":
+        return tuple(even_balance(len(model), depth))
+    xs, _ = _stream(Config(stream, depth), 1)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return plan(model, depth, next(xs), learning=True).balance
+    finally:
+        torch.set_num_threads(threads)
+
+
+def configs(stream_names: Sequence[str], depths: Sequence[int], seeds: int, how: str = "planned") -> list[Config]:
+    """Sequential, and every grad mode and compensation at each depth, for each seed; every run
+    at one depth of one stream cut the same way (``cut``)."""
+    cuts = {(s, d): cut(s, d, how) for s, d in itertools.product(stream_names, depths)}
     out = []
     for stream, seed in itertools.product(stream_names, range(seeds)):
         out.append(Config(stream, 1, seed=seed))
         for depth, mode, comp in itertools.product(depths, GRAD_MODES, COMPENSATIONS):
-            out.append(Config(stream, depth, mode, comp, seed))
+            out.append(Config(stream, depth, mode, comp, seed, cuts[stream, depth]))
     return out
 
 
@@ -200,7 +229,7 @@ def summarise(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         key = "loss" if stream == "camera" else "accuracy"
         values = [r[key] for r in group]
         ok = None not in values
-        lines.append(dict(stream=stream, label=label, depth=group[0]["depth"], metric=key,
+        lines.append(dict(stream=stream, label=label, depth=group[0]["depth"], balance=group[0].get("balance"), metric=key,
                           value=statistics.mean(values) if ok else None,
                           spread=statistics.pstdev(values) if ok else None, seeds=len(group),
                           diverged=sum(r.get("diverged_at") is not None for r in group)))
@@ -238,6 +267,9 @@ def markdown(lines: Sequence[dict[str, Any]]) -> str:
             else:
                 cells.append(f"{line['value']:.5f} ({line['gap']:+.1f}%{note})")
         out.append(f"| {label} | " + " | ".join(cells) + " |")
+    cuts = {(line["stream"], line["depth"]): line["balance"] for line in lines if line["depth"] > 1 and line["balance"]}
+    if cuts:
+        out += ["", "Layers per stage: " + "; ".join(f"{s} D={d} {list(b)}" for (s, d), b in cuts.items()) + "."]
     return "\n".join(out) + "\n"
 
 

@@ -260,8 +260,10 @@ def plan(
     learning: bool = False,
 ) -> Partition:
     """How to cut ``model``: ``balance`` as given if it lists layers per stage (not profiled), or,
-    if it is a number of stages D, the ``best_split`` of the child times profiled on ``sample``
-    (forward only, or forward and backward when ``learning``), with those times.
+    if it is a number of stages D, a cut of the child times profiled on ``sample``, with those
+    times: for inference (forward times) the ``best_split``; when ``learning`` (forward and
+    backward times), the ``delay_cut.delay_aware_split``, which keeps the layers with the most
+    weights out of the early, delayed stages at a cost of at most ``DELAY_SLACK`` in speed.
     """
     check_balance(model, balance)
     if isinstance(balance, Sequence):
@@ -274,7 +276,13 @@ def plan(
                 "or give the layers of each stage (e.g. balance=[2, 3])"
             )
         times = profile_layers(model, sample, learning=learning)
-        partition = Partition(best_split(times, int(balance)), times)
+        if learning:
+            from .delay_cut import delay_aware_split  # it builds on best_split: imported here, not above
+
+            params = [sum(p.numel() for p in child.parameters() if p.requires_grad) for child in model]
+            partition = Partition(delay_aware_split(times, params, int(balance)), times)
+        else:
+            partition = Partition(best_split(times, int(balance)), times)
     log.info("partition: %s", partition)
     return partition
 
