@@ -342,10 +342,10 @@ class Pipeline:
         return {
             "depth": self.depth,
             "balance": None if self._partition is None else list(self._partition.balance),
-            "grad_mode": self._config.grad_mode,
-            "compensation": list(self._config.compensation),
             "learning": self.learning,
             "supervised": self._supervised,
+            "grad_mode": self._config.grad_mode,
+            "compensation": list(self._config.compensation),
             "input": checkpoint.spec_to_plain(self._x_spec),
             "target": checkpoint.spec_to_plain(self._y_spec),
         }

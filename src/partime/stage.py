@@ -184,8 +184,8 @@ class Stage:
 
         The stage takes over the tensors of ``state`` (pass a copy to keep using them).
 
-        The graphs that were valid are built again, with the weights and buffers they were built
-        with (the buffers are put back afterwards, so BatchNorm's statistics see no extra forward).
+        The graphs that were valid are built again, with the weights they were built with and on
+        copies of the buffers, so that BatchNorm's statistics see no extra forward.
         """
         self.module.load_state_dict(state["module"])
         if self.optimizer is not None and state["optimizer"] is not None:
@@ -209,13 +209,8 @@ class Stage:
                 self._pending[record.sample] = record
             if record_state["graph"]:
                 rebuild.append(record)
-        if rebuild:
-            buffers = [b.clone() for b in self.module.buffers()]
-            for record in rebuild:
-                record.outputs = self._run(record)
-            with torch.no_grad():
-                for b, saved in zip(self.module.buffers(), buffers):
-                    b.copy_(saved)
+        for record in rebuild:
+            record.outputs = self._run(record, scratch_buffers=True)
         self._out_is_tuple = state["out_is_tuple"]
 
     # -- internals ------------------------------------------------------------------------------
@@ -232,13 +227,17 @@ class Stage:
             leaf.requires_grad_()
         return leaf
 
-    def _run(self, record: _Forward) -> tuple[Tensor, ...]:
-        """The forward of ``record.inputs`` with the weights the grad mode asks for, with graph."""
+    def _run(self, record: _Forward, scratch_buffers: bool = False) -> tuple[Tensor, ...]:
+        """The forward of ``record.inputs`` with the weights the grad mode asks for, with graph;
+        with ``scratch_buffers``, on copies of the buffers (the module's own stay as they are)."""
         # On a clone, so that a layer working in place changes neither a stashed input nor a leaf.
         value = value_of(tuple(t.clone() for t in record.inputs), record.is_tuple)
+        swapped = dict(zip(self._names, record.weights))
+        if scratch_buffers:
+            swapped.update((name, b.clone()) for name, b in self.module.named_buffers())
         with torch.enable_grad():
-            if record.weights:
-                out = torch.func.functional_call(self.module, dict(zip(self._names, record.weights)), (value,))
+            if swapped:
+                out = torch.func.functional_call(self.module, swapped, (value,))
             else:
                 out = self.module(value)
         self._out_is_tuple = not isinstance(out, Tensor)
