@@ -23,7 +23,8 @@ OPTIMIZERS = {
 }
 ACTIONS = ["step"] * 8 + ["flush"] + ["step"] * 6 + ["flush"]
 """Two segments; a run is stopped after ``ACTIONS[:stop]`` for each of ``STOPS``."""
-STOPS = {"before any sample": 0, "warm-up": 1, "steady state": 6, "right after a flush": 9, "second segment": 12}
+STOPS = {"before any sample": 0, "warm-up": 1, "steady state": 6, "just before a flush": 8, "right after a flush": 9,
+         "second segment": 12}
 XS, YS = classification_stream(len(ACTIONS))
 TESTS = Path(__file__).parent
 
@@ -176,15 +177,17 @@ def test_a_checkpoint_holds_tensors_and_plain_values_only(tmp_path):
 
 @pytest.mark.parametrize("learns", [True, False], ids=["learning", "inference"])
 def test_checkpoints_move_between_executors(learns):
-    # inline -> process (a pipeline not started yet: its workers start from the state) -> inline
+    # inline -> process (a pipeline not started yet: its workers start from the state, at a
+    # flush with samples in flight) -> inline
     kw = learning("stash", "sgd", ("lr-scale",)) if learns else {}
     reference = uninterrupted(3, ys=learns, **kw)
     with pipeline("inline", 3, **kw) as pipe:
-        results = play(pipe, ACTIONS[:3], learns)
+        results = play(pipe, ACTIONS[:8], learns)
         state = pipe.state_dict()
     with pipeline("process", 3, seed=1, balance=3, **kw) as pipe:
         pipe.load_state_dict(state)
-        results += play(pipe, ACTIONS[3:12], learns)
+        assert ACTIONS[8] == "flush"
+        results += play(pipe, ACTIONS[8:12], learns)
         state = pipe.state_dict()
     with pipeline("inline", 3, seed=2, **kw) as pipe:
         pipe.load_state_dict(state)

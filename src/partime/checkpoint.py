@@ -1,5 +1,7 @@
-"""Checkpoints: a pipeline's whole state as plain values, and files that are replaced atomically
-(internal module; ``Pipeline.state_dict``, ``load_state_dict``, ``save`` and ``load`` use it).
+"""Checkpoints: a pipeline's whole state as plain values, and files that are replaced atomically.
+
+``Checkpoints`` gives ``Pipeline`` its ``state_dict``, ``load_state_dict``, ``save`` and ``load``;
+the executors contribute their stages' states and the values in transit (``executors/base.py``).
 
 A checkpoint is taken between two ticks. It holds everything that decides the ticks to come, so
 that a run stopped at tick k and resumed (also in a fresh process, also on another executor)
@@ -19,7 +21,9 @@ Everything in it is a tensor, a number, a string, a bool, None, or a list or dic
 
 from __future__ import annotations
 
+import copy
 import os
+from collections import deque
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -27,7 +31,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .values import TensorSpec, ValueSpec
+from .executors.base import Layout, Result
+from .partition import Partition, split
+from .stage import Stage
+from .values import TensorSpec, ValueSpec, as_tensors, copy_tensors, rebuild
 
 FORMAT = "partime-checkpoint"
 VERSION = 1
@@ -35,17 +42,6 @@ VERSION = 1
 
 class CheckpointError(ValueError):
     """A checkpoint that does not fit the pipeline it is loaded into (or is no checkpoint)."""
-
-
-def copy_tensors(value: Any) -> Any:
-    """``value`` with every tensor in it (in dicts, lists and tuples) replaced by a detached copy."""
-    if isinstance(value, Tensor):
-        return value.detach().clone()
-    if isinstance(value, Mapping):
-        return {k: copy_tensors(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(copy_tensors(v) for v in value)
-    return value
 
 
 def spec_to_plain(spec: ValueSpec | None) -> dict[str, Any] | None:
@@ -129,3 +125,134 @@ def _sync_directory(directory: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def layout_to_plain(layout: Layout) -> dict[str, Any]:
+    """Every boundary's layout as plain values."""
+    plain = spec_to_plain
+    return {"input": plain(layout.input), "activations": [plain(a) for a in layout.activations],
+            "output": plain(layout.output), "target": plain(layout.target)}
+
+
+def layout_from_plain(plain: dict[str, Any]) -> Layout:
+    """The layout that ``layout_to_plain`` wrote."""
+    spec = spec_from_plain
+    return Layout(spec(plain["input"]), tuple(spec(a) for a in plain["activations"]), spec(plain["output"]),
+                  spec(plain["target"]))
+
+
+class Checkpoints:
+    """What ``Pipeline`` does with checkpoints: ``state_dict``, ``load_state_dict``, ``save`` and
+    ``load``. A mixin of ``Pipeline`` only: it reads and sets the pipeline's own counters."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """The whole state of the pipeline between two ticks, as tensors and plain values.
+
+        It holds the weights, the optimizer states, the counters and everything in flight: the
+        forwards the stages keep for a late gradient, the activations and gradients on their way
+        to the next tick, the targets not used yet and the results that left the pipeline but were
+        not handed out. Loaded (``load_state_dict``) into a pipeline made with the same settings,
+        also in another process or with another executor, it goes on exactly as this one would.
+
+        Take it after ``step()`` or ``flush()``, or inside a ``stream()`` loop: there the pipeline
+        has fed one sample more than ``step()`` would have, and the result it has not handed out yet
+        is in the checkpoint and comes out first after loading; resume that stream from sample
+        ``fed``. Random layers (dropout) draw from their process's generator, which is not in it.
+        """
+        self._check_checkpoints()
+        if self._failure is not None or self._state == "closed":
+            self._check_open()
+        if self._resume is not None:  # loaded and not started yet: that is the state
+            return copy_tensors(self._resume)
+        layout = None
+        if self._executor is None:
+            if self._partition is None:
+                raise CheckpointError(
+                    "no checkpoint before the cut is known: with balance=D the layers are timed on the "
+                    "first sample; pass balance=[...] or sample=, or take it after the first step"
+                )
+            modules = split(copy.deepcopy(self._model), self._partition.balance)
+            executor = {"stages": [Stage(i, m, self._config).state_dict() for i, m in enumerate(modules)],
+                        "transit": None}
+        else:
+            self._guard(self._executor.sync)
+            while len(self._held) < self._due():  # out of the pipeline, not handed out yet
+                self._held.append(self._guard(self._executor.next_result))
+            executor = self._guard(self._executor.state_dict)
+            layout = layout_to_plain(self._executor_layout)
+        held = [{"index": r.index, "output": [t.detach().clone() for t in as_tensors(r.output, "output")],
+                 "loss": r.loss} for r in self._held]
+        return {
+            "format": FORMAT, "version": VERSION, "identity": self._identity(),
+            "counters": {"next_index": self._next_index, "in_segment": self._in_segment, "taken": self._taken},
+            "layout": layout, "held": held, **executor,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Go on from ``state`` (made by ``state_dict``) exactly as the pipeline it came from would.
+
+        This pipeline must have the same depth, cut, grad mode, compensation, loss kind and sample
+        layout (a ``CheckpointError`` names what differs, with both values) and a model of the same
+        architecture, whose weights are replaced. It may be new or open; if its stages are running
+        they stop, and stages start from ``state`` at the next sample or ``flush()``.
+        """
+        self._check_checkpoints()
+        if self._failure is not None or self._state == "closed":
+            self._check_open()
+        expected = self._identity()
+        if isinstance(self._balance, int):
+            expected["balance"] = None  # cut where the checkpoint was cut
+        check_state(state, expected)
+        state = copy_tensors(dict(state))
+        identity = state["identity"]
+        if self._executor is not None:
+            self._executor.close()
+            self._executor = None
+        if self._partition is None or list(self._partition.balance) != identity["balance"]:
+            self._partition = Partition(tuple(identity["balance"]))
+        for i, (module, stage) in enumerate(zip(split(self._model, self._partition.balance), state["stages"])):
+            try:
+                module.load_state_dict(stage["module"])
+            except RuntimeError as exc:
+                raise CheckpointError(f"the weights of stage {i} do not fit this model: {exc}") from exc
+        self._supervised = identity["supervised"]
+        self._x_spec = spec_from_plain(identity["input"])
+        self._y_spec = spec_from_plain(identity["target"])
+        counters = state["counters"]
+        self._next_index, self._in_segment, self._taken = (
+            counters["next_index"], counters["in_segment"], counters["taken"])
+        self._held = deque()
+        if state["layout"] is not None:
+            output = spec_from_plain(state["layout"]["output"])
+            self._held.extend(Result(h["index"], rebuild(output, tuple(h["output"])), h["loss"]) for h in state["held"])
+        self._resume = state if state["layout"] is not None else None
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write ``state_dict()`` to ``path``, atomically: a crash leaves the previous file whole."""
+        save(self.state_dict(), path)
+
+    def load(self, path: str | os.PathLike[str]) -> None:
+        """``load_state_dict`` of the checkpoint in ``path``, read with ``torch.load(weights_only=True)``."""
+        self.load_state_dict(load(path))
+
+    # -- internals ------------------------------------------------------------------------------
+
+    def _check_checkpoints(self) -> None:
+        if not self._executor_class.checkpoints:
+            raise NotImplementedError(
+                f"the {self._executor_class.__name__} cannot take or load checkpoints yet; "
+                "the inline and process executors can"
+            )
+
+    def _identity(self) -> dict[str, Any]:
+        """What a checkpoint must agree on with the pipeline it is loaded into."""
+        return {
+            "depth": self.depth,
+            "balance": None if self._partition is None else list(self._partition.balance),
+            "learning": self.learning,
+            "supervised": self._supervised,
+            "grad_mode": self._config.grad_mode,
+            "compensation": list(self._config.compensation),
+            "input": spec_to_plain(self._x_spec),
+            "target": spec_to_plain(self._y_spec),
+        }

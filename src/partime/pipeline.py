@@ -10,27 +10,27 @@ import copy
 import logging
 import os
 from collections import deque
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
-from . import checkpoint
+from .checkpoint import Checkpoints, layout_from_plain
 from .compensation import check_compensation
 from .errors import PipelineClosedError, StageError
 from .executors import EXECUTORS, Executor, Layout, Result, executor_class
 from .executors.base import LOOKAHEAD, stage_error
 from .partition import Partition, check_balance, plan, split
-from .stage import GRAD_MODES, LossFn, OptimizerFactory, Stage, StageConfig, takes_target
-from .values import ValueSpec, as_tensors, check_like, rebuild, spec_of
+from .stage import GRAD_MODES, LossFn, OptimizerFactory, StageConfig, takes_target
+from .values import ValueSpec, check_like, spec_of
 
 log = logging.getLogger(__name__)
 
 _MISSING = object()
 
 
-class Pipeline:
+class Pipeline(Checkpoints):
     """``model`` cut into ``balance`` stages that run at once, each on its own sample.
 
     ``balance`` is a list of layers per stage, or a number of stages D: then each layer is timed on
@@ -136,96 +136,6 @@ class Pipeline:
         """
         return self._next_index
 
-    def state_dict(self) -> dict[str, Any]:
-        """The whole state of the pipeline between two ticks, as tensors and plain values.
-
-        It holds the weights, the optimizer states, the counters and everything in flight: the
-        forwards the stages keep for a late gradient, the activations and gradients on their way
-        to the next tick, the targets not used yet and the results that left the pipeline but were
-        not handed out. Loaded (``load_state_dict``) into a pipeline made with the same settings,
-        also in another process or with another executor, it goes on exactly as this one would.
-
-        Take it after ``step()`` or ``flush()``, or inside a ``stream()`` loop: there the pipeline
-        has fed one sample more than ``step()`` would have, and the result it has not handed out yet
-        is in the checkpoint and comes out first after loading; resume that stream from sample
-        ``fed``. Random layers (dropout) draw from their process's generator, which is not in it.
-        """
-        self._check_checkpoints()
-        if self._failure is not None or self._state == "closed":
-            self._check_open()
-        if self._resume is not None:  # loaded and not started yet: that is the state
-            return checkpoint.copy_tensors(self._resume)
-        layout = None
-        if self._executor is None:
-            if self._partition is None:
-                raise checkpoint.CheckpointError(
-                    "no checkpoint before the cut is known: with balance=D the layers are timed on the "
-                    "first sample; pass balance=[...] or sample=, or take it after the first step"
-                )
-            modules = split(copy.deepcopy(self._model), self._partition.balance)
-            executor = {"stages": [Stage(i, m, self._config).state_dict() for i, m in enumerate(modules)],
-                        "transit": None}
-        else:
-            self._guard(self._executor.sync)
-            while len(self._held) < self._due():  # out of the pipeline, not handed out yet
-                self._held.append(self._guard(self._executor.next_result))
-            executor = self._guard(self._executor.state_dict)
-            layout = _layout_to_plain(self._executor_layout)
-        held = [{"index": r.index, "output": [t.detach().clone() for t in as_tensors(r.output, "output")],
-                 "loss": r.loss} for r in self._held]
-        return {
-            "format": checkpoint.FORMAT, "version": checkpoint.VERSION, "identity": self._identity(),
-            "counters": {"next_index": self._next_index, "in_segment": self._in_segment, "taken": self._taken},
-            "layout": layout, "held": held, **executor,
-        }
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Go on from ``state`` (made by ``state_dict``) exactly as the pipeline it came from would.
-
-        This pipeline must have the same depth, cut, grad mode, compensation, loss kind and sample
-        layout (a ``CheckpointError`` names what differs, with both values) and a model of the same
-        architecture, whose weights are replaced. It may be new or open; if its stages are running
-        they stop, and stages start from ``state`` at the next sample or ``flush()``.
-        """
-        self._check_checkpoints()
-        if self._failure is not None or self._state == "closed":
-            self._check_open()
-        expected = self._identity()
-        if isinstance(self._balance, int):
-            expected["balance"] = None  # cut where the checkpoint was cut
-        checkpoint.check_state(state, expected)
-        state = checkpoint.copy_tensors(dict(state))
-        identity = state["identity"]
-        if self._executor is not None:
-            self._executor.close()
-            self._executor = None
-        if self._partition is None or list(self._partition.balance) != identity["balance"]:
-            self._partition = Partition(tuple(identity["balance"]))
-        for i, (module, stage) in enumerate(zip(split(self._model, self._partition.balance), state["stages"])):
-            try:
-                module.load_state_dict(stage["module"])
-            except RuntimeError as exc:
-                raise checkpoint.CheckpointError(f"the weights of stage {i} do not fit this model: {exc}") from exc
-        self._supervised = identity["supervised"]
-        self._x_spec = checkpoint.spec_from_plain(identity["input"])
-        self._y_spec = checkpoint.spec_from_plain(identity["target"])
-        counters = state["counters"]
-        self._next_index, self._in_segment, self._taken = (
-            counters["next_index"], counters["in_segment"], counters["taken"])
-        self._held = deque()
-        if state["layout"] is not None:
-            output = checkpoint.spec_from_plain(state["layout"]["output"])
-            self._held.extend(Result(h["index"], rebuild(output, tuple(h["output"])), h["loss"]) for h in state["held"])
-        self._resume = state if state["layout"] is not None else None
-
-    def save(self, path: str | os.PathLike[str]) -> None:
-        """Write ``state_dict()`` to ``path``, atomically: a crash leaves the previous file whole."""
-        checkpoint.save(self.state_dict(), path)
-
-    def load(self, path: str | os.PathLike[str]) -> None:
-        """``load_state_dict`` of the checkpoint in ``path``, read with ``torch.load(weights_only=True)``."""
-        self.load_state_dict(checkpoint.load(path))
-
     def open(self) -> Pipeline:
         """Make the pipeline ready for samples (its workers start at the first one)."""
         if self._state != "new":
@@ -330,26 +240,6 @@ class Pipeline:
         if self._state == "closed":
             raise PipelineClosedError("the pipeline is closed; make a new one")
 
-    def _check_checkpoints(self) -> None:
-        if not self._executor_class.checkpoints:
-            raise NotImplementedError(
-                f"the {self._executor_class.__name__} cannot take or load checkpoints yet; "
-                "the inline and process executors can"
-            )
-
-    def _identity(self) -> dict[str, Any]:
-        """What a checkpoint must agree on with the pipeline it is loaded into."""
-        return {
-            "depth": self.depth,
-            "balance": None if self._partition is None else list(self._partition.balance),
-            "learning": self.learning,
-            "supervised": self._supervised,
-            "grad_mode": self._config.grad_mode,
-            "compensation": list(self._config.compensation),
-            "input": checkpoint.spec_to_plain(self._x_spec),
-            "target": checkpoint.spec_to_plain(self._y_spec),
-        }
-
     def _check_sample(self, index: int, x: Any, y: Any) -> None:
         spec = spec_of(x, f"sample {index}")
         if self._x_spec is None:
@@ -380,7 +270,7 @@ class Pipeline:
             log.info("balanced: %s", self._partition)
         stages = split(self._model, self._partition.balance)
         resume, self._resume = self._resume, None
-        layout = _layout(stages, x, self._y_spec) if resume is None else _layout_from_plain(resume["layout"])
+        layout = _layout(stages, x, self._y_spec) if resume is None else layout_from_plain(resume["layout"])
         self._executor_layout = layout
         self._executor = self._executor_class(stages, self._devices, self._config, self._threads)
         self._guard(self._executor.start, layout, *([] if resume is None else [resume]))
@@ -430,18 +320,6 @@ def _layout(stages: list[nn.Sequential], x: Any, target: ValueSpec | None) -> La
                 raise stage_error(i, 0, "forward", exc) from exc
             specs.append(spec_of(value, f"output of stage {i}"))
     return Layout(spec_of(x, "sample 0"), tuple(specs[:-1]), specs[-1], target)
-
-
-def _layout_to_plain(layout: Layout) -> dict[str, Any]:
-    plain = checkpoint.spec_to_plain
-    return {"input": plain(layout.input), "activations": [plain(a) for a in layout.activations],
-            "output": plain(layout.output), "target": plain(layout.target)}
-
-
-def _layout_from_plain(plain: dict[str, Any]) -> Layout:
-    spec = checkpoint.spec_from_plain
-    return Layout(spec(plain["input"]), tuple(spec(a) for a in plain["activations"]), spec(plain["output"]),
-                  spec(plain["target"]))
 
 
 __all__ = ["EXECUTORS", "Pipeline", "Result"]

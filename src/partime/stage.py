@@ -30,9 +30,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .checkpoint import copy_tensors
 from .compensation import StepSizeScale, WeightPredictor, delay
-from .values import as_tensors, is_float
+from .values import as_tensors, copy_tensors, is_float
 
 GRAD_MODES = ("partime", "stash", "weight-stash")
 
