@@ -14,6 +14,9 @@ from torch import nn
 import partime
 from partime import CheckpointError, checkpoint
 
+from partime.executors import executor_class
+from partime.executors.inline import InlineExecutor
+
 from models import classification_stream, mlp
 
 BALANCES = {1: [7], 2: [3, 4], 3: [2, 3, 2]}
@@ -216,6 +219,9 @@ import sys
 import torch
 from torch import nn
 import partime
+from partime.executors import executor_class
+from partime.executors.inline import InlineExecutor
+
 from models import classification_stream, mlp
 
 path, expected_path = sys.argv[1], sys.argv[2]
@@ -374,3 +380,23 @@ def test_a_checkpoint_of_another_pipeline_is_refused_naming_both_values():
             pipe.load_state_dict(dict(state, version=99))
         with pytest.raises(CheckpointError, match="not a partime checkpoint"):
             pipe.load_state_dict({"weights": torch.ones(2)})
+
+
+def test_a_checkpoint_with_another_optimizer_is_refused_naming_both():
+    with pipeline("inline", 2, **learning("stash", "sgd")) as pipe:
+        play(pipe, ACTIONS[:3])
+        state = pipe.state_dict()
+    with pipeline("inline", 2, **learning("stash", "adam")) as pipe:
+        pipe.load_state_dict(state)
+        with pytest.raises(ValueError, match="stage 0: the checkpoint's optimizer is SGD, this stage's is Adam"):
+            play(pipe, ACTIONS[3:4])
+
+
+def test_an_executor_without_checkpoints_says_so(monkeypatch):
+    assert not executor_class("distributed").checkpoints  # not yet: one stage per rank
+    monkeypatch.setattr(InlineExecutor, "checkpoints", False)
+    with pipeline("inline", 2) as pipe:
+        with pytest.raises(NotImplementedError, match="InlineExecutor cannot take or load checkpoints"):
+            pipe.state_dict()
+        with pytest.raises(NotImplementedError, match="InlineExecutor cannot take or load checkpoints"):
+            pipe.load_state_dict({})

@@ -167,6 +167,7 @@ class Stage:
         state: dict[str, Any] = {
             "module": copy_tensors(self.module.state_dict()),
             "optimizer": None if self.optimizer is None else copy_tensors(self.optimizer.state_dict()),
+            "optimizer_class": type(self.optimizer).__name__,
             "newest": None if self._newest is None else _record_state(self._newest),
             "pending": [_record_state(r) for r in self._pending.values()],
             "out_is_tuple": self._out_is_tuple,
@@ -186,6 +187,9 @@ class Stage:
         The graphs that were valid are built again, with the weights they were built with and on
         copies of the buffers, so that BatchNorm's statistics see no extra forward.
         """
+        if state["optimizer_class"] != type(self.optimizer).__name__:
+            raise ValueError(f"stage {self.index}: the checkpoint's optimizer is {state['optimizer_class']}, "
+                             f"this stage's is {type(self.optimizer).__name__}")
         self.module.load_state_dict(state["module"])
         if self.optimizer is not None and state["optimizer"] is not None:
             self.optimizer.load_state_dict(state["optimizer"])
