@@ -10,6 +10,7 @@ gives exactly the results of a run that never stopped::
     {"format": "partime-checkpoint", "version": 1,
      "identity": {depth, balance, grad_mode, compensation, learning, supervised, input, target},
      "counters": {next_index, in_segment, taken},
+     "layout": {input, activations, output, target} or None before the first sample,
      "held": [results that left the pipeline and were not handed out yet],
      "stages": [Stage.state_dict() of each stage: weights, optimizer, stashed forwards, ...],
      "transit": {tick, acts, grads, targets} or None: the values sent during the last tick,
