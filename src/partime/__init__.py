@@ -4,9 +4,10 @@ An ``nn.Sequential`` is cut into D contiguous stages that work at once on D diff
 for inference and for online learning; see SPEC.md for what is computed at every tick.
 """
 
+from .checkpoint import CheckpointError
 from .errors import PipelineClosedError, StageError, WorkerDiedError
 from .executors import Result
 from .pipeline import Pipeline
 
-__all__ = ["Pipeline", "PipelineClosedError", "Result", "StageError", "WorkerDiedError"]
+__all__ = ["CheckpointError", "Pipeline", "PipelineClosedError", "Result", "StageError", "WorkerDiedError"]
 __version__ = "0.1.0"

@@ -9,12 +9,14 @@ from __future__ import annotations
 import copy
 import logging
 import os
+from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
+from .checkpoint import Checkpoints, layout_from_plain
 from .compensation import check_compensation
 from .errors import PipelineClosedError, StageError
 from .executors import EXECUTORS, Executor, Layout, Result, executor_class
@@ -28,7 +30,7 @@ log = logging.getLogger(__name__)
 _MISSING = object()
 
 
-class Pipeline:
+class Pipeline(Checkpoints):
     """``model`` cut into ``balance`` stages that run at once, each on its own sample.
 
     ``balance`` is a list of layers per stage, or a number of stages D: then each layer is timed on
@@ -98,6 +100,9 @@ class Pipeline:
         self._next_index = 0
         self._in_segment = 0  # samples fed since the segment began
         self._taken = 0  # results handed out since the segment began
+        self._held: deque[Result] = deque()  # results taken from the executor for a checkpoint, not handed out
+        self._resume: dict[str, Any] | None = None  # a loaded checkpoint the executor starts from
+        self._executor_layout: Layout | None = None
         # The distributed executor runs one stage per rank; on ranks > 0 the pipeline serves its stage.
         self._rank = getattr(self._executor_class, "rank", lambda depth: 0)(depth)
 
@@ -122,6 +127,14 @@ class Pipeline:
         if self._executor is not None and self._state == "open":
             self._guard(self._executor.sync)
         return copy.deepcopy(self._model)
+
+    @property
+    def fed(self) -> int:
+        """How many samples have been offered so far: the index the next one gets.
+
+        A stream resumed from a checkpoint goes on from this sample.
+        """
+        return self._next_index
 
     def open(self) -> Pipeline:
         """Make the pipeline ready for samples (its workers start at the first one)."""
@@ -166,6 +179,8 @@ class Pipeline:
         self._check_open()
         if self._in_segment == 0:
             return []
+        if self._executor is None:  # resumed from a checkpoint with samples in flight
+            self._guard(self._start, None, None)
         self._guard(self._executor.end)
         rest = [self._take() for _ in range(self._in_segment - self._taken)]
         self._guard(self._executor.sync)
@@ -247,15 +262,18 @@ class Pipeline:
                 check_like(y, self._y_spec, f"target of sample {index}")
 
     def _start(self, x: Any, y: Any) -> None:
-        """Fix the partition and every boundary's layout from the first sample; start the executor."""
+        """Fix the partition and every boundary's layout from the first sample (or the loaded
+        checkpoint); start the executor."""
         self._config.supervised = bool(self._supervised)
         if self._partition is None:
             self._partition = self._plan(x)
             log.info("balanced: %s", self._partition)
         stages = split(self._model, self._partition.balance)
-        layout = _layout(stages, x, self._y_spec)
+        resume, self._resume = self._resume, None
+        layout = _layout(stages, x, self._y_spec) if resume is None else layout_from_plain(resume["layout"])
+        self._executor_layout = layout
         self._executor = self._executor_class(stages, self._devices, self._config, self._threads)
-        self._guard(self._executor.start, layout)
+        self._guard(self._executor.start, layout, *([] if resume is None else [resume]))
 
     def _feed(self, x: Any, y: Any) -> None:
         """Offer one sample: run one tick, without taking its result."""
@@ -273,7 +291,7 @@ class Pipeline:
         return max(0, self._in_segment - (self.depth - 1)) - self._taken
 
     def _take(self) -> Result:
-        result = self._guard(self._executor.next_result)
+        result = self._held.popleft() if self._held else self._guard(self._executor.next_result)
         self._taken += 1
         return result
 

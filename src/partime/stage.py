@@ -31,7 +31,7 @@ import torch
 from torch import Tensor, nn
 
 from .compensation import StepSizeScale, WeightPredictor, delay
-from .values import as_tensors, is_float
+from .values import as_tensors, copy_tensors, is_float
 
 GRAD_MODES = ("partime", "stash", "weight-stash")
 
@@ -157,7 +157,72 @@ class Stage:
         grads = tuple(t.to(self.device) for t in as_tensors(grad, f"gradient at stage {self.index}"))
         return self._apply(record, record.outputs, grads)
 
+    def state_dict(self) -> dict[str, Any]:
+        """Everything of this stage that decides its future ticks, as copies in plain values.
+
+        Its weights and buffers, its optimizer's state, the forwards it keeps for a later
+        product (inputs; weights in ``weight-stash`` mode or with weight prediction; whether a
+        graph of it was still valid), the layout of its output and the compensation state.
+        """
+        state: dict[str, Any] = {
+            "module": copy_tensors(self.module.state_dict()),
+            "optimizer": None if self.optimizer is None else copy_tensors(self.optimizer.state_dict()),
+            "optimizer_class": type(self.optimizer).__name__,
+            "newest": None if self._newest is None else _record_state(self._newest),
+            "pending": [_record_state(r) for r in self._pending.values()],
+            "out_is_tuple": self._out_is_tuple,
+            "lr_scale_steps": None if self._step_size is None else self._step_size.steps,
+            "prediction": None,
+        }
+        if self._predictor is not None:
+            state["prediction"] = {"previous": copy_tensors(self._predictor.previous),
+                                   "velocity": copy_tensors(self._predictor.velocity)}
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Become the stage that ``state_dict`` described; it then computes what that one would.
+
+        The stage takes over the tensors of ``state`` (pass a copy to keep using them).
+
+        The graphs that were valid are built again, with the weights they were built with and on
+        copies of the buffers, so that BatchNorm's statistics see no extra forward.
+        """
+        if state["optimizer_class"] != type(self.optimizer).__name__:
+            raise ValueError(f"stage {self.index}: the checkpoint's optimizer is {state['optimizer_class']}, "
+                             f"this stage's is {type(self.optimizer).__name__}")
+        self.module.load_state_dict(state["module"])
+        if self.optimizer is not None and state["optimizer"] is not None:
+            self.optimizer.load_state_dict(state["optimizer"])
+        if self._step_size is not None:
+            self._step_size.steps = state["lr_scale_steps"]
+        if self._predictor is not None:
+            with torch.no_grad():
+                for dst, src in zip(self._predictor.previous + self._predictor.velocity,
+                                    state["prediction"]["previous"] + state["prediction"]["velocity"]):
+                    dst.copy_(src)
+        self._newest = None
+        self._pending = {}
+        rebuild = []
+        kept = ([state["newest"]] if state["newest"] is not None else []) + state["pending"]
+        for record_state in kept:
+            record = self._record_from(record_state)
+            if self.config.grad_mode == "partime":
+                self._newest = record
+            else:
+                self._pending[record.sample] = record
+            if record_state["graph"]:
+                rebuild.append(record)
+        for record in rebuild:
+            record.outputs = self._run(record, scratch_buffers=True)
+        self._out_is_tuple = state["out_is_tuple"]
+
     # -- internals ------------------------------------------------------------------------------
+
+    def _record_from(self, state: dict[str, Any]) -> _Forward:
+        """A kept forward from ``_record_state``, without its graph."""
+        inputs = tuple(self._leaf(t.to(self.device)) for t in state["inputs"])
+        weights = [w.detach().to(self.device).requires_grad_() for w in state["weights"]]
+        return _Forward(state["sample"], inputs, state["is_tuple"], weights)
 
     def _leaf(self, t: Tensor) -> Tensor:
         leaf = t.detach()
@@ -165,13 +230,17 @@ class Stage:
             leaf.requires_grad_()
         return leaf
 
-    def _run(self, record: _Forward) -> tuple[Tensor, ...]:
-        """The forward of ``record.inputs`` with the weights the grad mode asks for, with graph."""
+    def _run(self, record: _Forward, scratch_buffers: bool = False) -> tuple[Tensor, ...]:
+        """The forward of ``record.inputs`` with the weights the grad mode asks for, with graph;
+        with ``scratch_buffers``, on copies of the buffers (the module's own stay as they are)."""
         # On a clone, so that a layer working in place changes neither a stashed input nor a leaf.
         value = value_of(tuple(t.clone() for t in record.inputs), record.is_tuple)
+        swapped = dict(zip(self._names, record.weights))
+        if scratch_buffers:
+            swapped.update((name, b.clone()) for name, b in self.module.named_buffers())
         with torch.enable_grad():
-            if record.weights:
-                out = torch.func.functional_call(self.module, dict(zip(self._names, record.weights)), (value,))
+            if swapped:
+                out = torch.func.functional_call(self.module, swapped, (value,))
             else:
                 out = self.module(value)
         self._out_is_tuple = not isinstance(out, Tensor)
@@ -228,6 +297,11 @@ class Stage:
         for record in self._pending.values():
             if not record.weights:
                 record.outputs = None
+
+
+def _record_state(record: _Forward) -> dict[str, Any]:
+    return {"sample": record.sample, "inputs": copy_tensors(list(record.inputs)), "is_tuple": record.is_tuple,
+            "weights": copy_tensors(record.weights), "graph": record.outputs is not None}
 
 
 def value_of(tensors: tuple[Tensor, ...], is_tuple: bool) -> Any:

@@ -7,7 +7,9 @@ tensor of it; ``ValueSpec`` the whole value, remembering whether it was a bare t
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -87,3 +89,14 @@ def check_like(value: object, expected: ValueSpec, what: str) -> None:
 def is_float(t: TensorSpec | Tensor) -> bool:
     """Whether gradients flow through this tensor (floating point or complex)."""
     return t.dtype.is_floating_point or t.dtype.is_complex
+
+
+def copy_tensors(value: Any) -> Any:
+    """``value`` with every tensor in it (in dicts, lists and tuples) replaced by a detached copy."""
+    if isinstance(value, Tensor):
+        return value.detach().clone()
+    if isinstance(value, Mapping):
+        return {k: copy_tensors(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(copy_tensors(v) for v in value)
+    return value

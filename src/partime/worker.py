@@ -9,18 +9,26 @@ segment has.
 A link is anything with ``put(kind, index, tensors=(), scalar=0.0, *, check=None)`` and
 ``get(*, check=None) -> Message`` (``transport.Channel`` is one); ``check`` is called while a
 link waits and raises to abort.
+
+For checkpoints, ``run_segment`` notes in a ``Sent`` what a stage sent its neighbours during its
+last tick (what they take at the next one: the values in transit at a tick boundary), and a
+resumed stage starts at the checkpoint's tick with those values waiting on its links
+(``resumed_links``).
 """
 
 from __future__ import annotations
 
 import traceback as tb
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, replace
 from typing import Any, Callable
+
+from torch import Tensor
 
 from . import schedule
 from .executors.base import Layout
 from .stage import Stage
-from .transport import KIND_DATA, KIND_END, wait
+from .transport import KIND_DATA, KIND_END, Message, wait
 from .values import as_tensors, rebuild
 
 
@@ -53,8 +61,44 @@ class Where:
                     message=f"{type(exc).__name__}: {exc}", traceback=text)
 
 
-def run_segment(stage: Stage, links: Links, check: Callable[[], None], where: Where) -> None:
-    """The ticks of one segment, until the END message and this stage's last action.
+@dataclass
+class Sent:
+    """What a stage sent to its neighbours during its last tick, as ``(sample, tensors)``: the
+    values in transit at a tick boundary, which the neighbours take at the next tick."""
+
+    activation: tuple[int, tuple[Tensor, ...]] | None = None
+    gradient: tuple[int, tuple[Tensor, ...]] | None = None
+
+
+class _Primed:
+    """A link whose ``get`` first returns ``messages``, then what ``link`` returns."""
+
+    def __init__(self, link: Any, messages: list[Message]):
+        self.link = link
+        self.messages = deque(messages)
+
+    def get(self, *, check: Callable[[], None] | None = None) -> Message:
+        return self.messages.popleft() if self.messages else self.link.get(check=check)
+
+    def put(self, *args: Any, **kwargs: Any) -> None:
+        self.link.put(*args, **kwargs)
+
+
+def resumed_links(links: Links, activation: dict[str, Any] | None, gradient: dict[str, Any] | None) -> Links:
+    """``links`` with the values in transit of a checkpoint (``checkpoint.message`` dicts, or None)
+    waiting on them: the activation for this stage's next forward, the gradient for its next product."""
+    def primed(link: Any, value: dict[str, Any] | None) -> Any:
+        if value is None:
+            return link
+        return _Primed(link, [Message(KIND_DATA, value["sample"], 0.0, tuple(value["tensors"]))])
+
+    return replace(links, act_in=primed(links.act_in, activation), grad_in=primed(links.grad_in, gradient))
+
+
+def run_segment(stage: Stage, links: Links, check: Callable[[], None], where: Where, *,
+                tick: int = 0, sent: Sent | None = None) -> None:
+    """The ticks of one segment, from ``tick`` (a resumed segment starts later than 0), until the
+    END message and this stage's last action; ``sent`` (if given) notes what each tick sends.
 
     With ``permits``, a tick starts only once the caller has offered it, so that no stage runs
     ahead of the caller and the weights can be read between ticks; receiving may happen before.
@@ -63,12 +107,13 @@ def run_segment(stage: Stage, links: Links, check: Callable[[], None], where: Wh
     last = links.act_out is None
     in_spec = links.layout.input if i == 0 else links.layout.activations[i - 1]
     n: int | None = None
-    tick = 0
+    sent = Sent() if sent is None else sent
     while True:
         if n is not None and tick > schedule.last_tick(i, n, depth, learning):
             # done with the segment: the ticks left are ones where this stage has nothing to do
             for _ in range(schedule.segment_ticks(n, depth, learning) - tick):
                 _start_tick(links, check)
+                sent.activation = sent.gradient = None
                 _end_tick(links)
             return
         message = None
@@ -81,6 +126,7 @@ def run_segment(stage: Stage, links: Links, check: Callable[[], None], where: Wh
                     links.act_out.put(KIND_END, n, check=check)
                 continue
         _start_tick(links, check)
+        sent.activation = sent.gradient = None
         if message is not None:
             s = where.sample = message.index
             where.phase = "forward"
@@ -93,8 +139,12 @@ def run_segment(stage: Stage, links: Links, check: Callable[[], None], where: Wh
                 where.phase = "loss"
                 loss, grad = stage.learn(s, target)
                 if links.grad_out is not None:
-                    links.grad_out.put(KIND_DATA, s, as_tensors(grad, "gradient"), check=check)
-            (links.results if last else links.act_out).put(KIND_DATA, s, as_tensors(out, "output"), loss, check=check)
+                    sent.gradient = (s, as_tensors(grad, "gradient"))
+                    links.grad_out.put(KIND_DATA, s, sent.gradient[1], check=check)
+            tensors = as_tensors(out, "output")
+            if not last:
+                sent.activation = (s, tensors)
+            (links.results if last else links.act_out).put(KIND_DATA, s, tensors, loss, check=check)
         if learning and not last and schedule.backward_sample(i, tick, depth, n) is not None:
             where.sample, where.phase = None, "receive"
             message = links.grad_in.get(check=check)
@@ -102,7 +152,8 @@ def run_segment(stage: Stage, links: Links, check: Callable[[], None], where: Wh
             where.phase = "backward"
             grad = stage.backward(s, rebuild(links.layout.activations[i], message.tensors))
             if links.grad_out is not None:
-                links.grad_out.put(KIND_DATA, s, as_tensors(grad, "gradient"), check=check)
+                sent.gradient = (s, as_tensors(grad, "gradient"))
+                links.grad_out.put(KIND_DATA, s, sent.gradient[1], check=check)
         _end_tick(links)
         tick += 1
 

@@ -14,6 +14,19 @@ The life of an executor::
     ex.end()                  # no more samples in this segment: run the ticks that remain
     ex.sync()                 # every stage has finished every tick offered so far
     ex.close()                # stop, join, free; always safe to call, also after a failure
+
+An executor that can take checkpoints (``checkpoints = True``) also has ``state_dict()``,
+asked between two ticks once every stage has finished them (after ``sync``), and takes that
+state back as ``start(layout, state)``. The state is the same for every executor, so that a
+checkpoint moves between them::
+
+    {"stages": [Stage.state_dict() of each stage],
+     "transit": None after a flush, else {"tick": ticks run in this segment,
+                "acts": [None or message into stage i], "grads": [None or message into stage i],
+                "targets": [messages: the targets fed that the last stage has not used yet]}}
+
+where a message is ``checkpoint.message(sample, tensors)``: what a stage sent during the last tick
+and its neighbour takes at the next.
 """
 
 from __future__ import annotations
@@ -53,9 +66,16 @@ class Layout:
     output: ValueSpec
     target: ValueSpec | None
 
+    def into(self, stage: int) -> ValueSpec:
+        """The layout of what stage ``stage`` takes in: the sample, or the previous stage's output."""
+        return self.input if stage == 0 else self.activations[stage - 1]
+
 
 class Executor(ABC):
     """Runs ``stages`` (one module each, on ``devices``) as one pipeline configured by ``config``."""
+
+    checkpoints: bool = False
+    """Whether this executor has ``state_dict`` and takes a state in ``start``."""
 
     def __init__(self, stages: list[nn.Module], devices: list[str], config: StageConfig, threads: int | None):
         self.stages = stages
@@ -66,7 +86,15 @@ class Executor(ABC):
 
     @abstractmethod
     def start(self, layout: Layout) -> None:
-        """Get ready to run; called once, before the first ``feed``."""
+        """Get ready to run; called once, before the first ``feed``.
+
+        An executor with ``checkpoints`` takes ``start(layout, state)``: then it resumes from
+        ``state`` (see the module docstring).
+        """
+
+    def state_dict(self) -> dict[str, Any]:
+        """Every stage's state and the values in transit, between two ticks (see the module docstring)."""
+        raise NotImplementedError(f"the {type(self).__name__} cannot take checkpoints")
 
     @abstractmethod
     def feed(self, index: int, x: Any, y: Any) -> None:

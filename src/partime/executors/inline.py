@@ -12,17 +12,48 @@ from collections import deque
 from typing import Any
 
 from .. import schedule
+from ..checkpoint import message
 from ..stage import Stage
+from ..values import as_tensors, rebuild
 from .base import Executor, Layout, Result, stage_error
 
 
 class InlineExecutor(Executor):
     """Runs each tick of the schedule in the calling thread."""
 
-    def start(self, layout: Layout) -> None:
+    checkpoints = True
+
+    def start(self, layout: Layout, state: dict[str, Any] | None = None) -> None:
         self._stages = [Stage(i, m, self.config, d) for i, (m, d) in enumerate(zip(self.stages, self.devices))]
         self._results: deque[Result] = deque()
         self._begin_segment()
+        if state is not None:
+            self._resume(layout, state)
+
+    def state_dict(self) -> dict[str, Any]:
+        transit = None
+        if self._fed:
+            def sent(value: tuple[int, Any] | None) -> dict[str, Any] | None:
+                return None if value is None else message(value[0], as_tensors(value[1], "value in transit"))
+
+            transit = {"tick": self._tick, "acts": [sent(a) for a in self._acts], "grads": [sent(g) for g in self._grads],
+                       "targets": [sent(t) for t in self._targets.items() if t[1] is not None]}
+        return {"stages": [stage.state_dict() for stage in self._stages], "transit": transit}
+
+    def _resume(self, layout: Layout, state: dict[str, Any]) -> None:
+        for stage, stage_state in zip(self._stages, state["stages"], strict=True):
+            stage.load_state_dict(stage_state)
+        transit = state["transit"]
+        if transit is None:
+            return
+
+        def value(sent: dict[str, Any] | None, spec: Any) -> tuple[int, Any] | None:
+            return None if sent is None else (sent["sample"], rebuild(spec, tuple(sent["tensors"])))
+
+        self._tick = self._fed = transit["tick"]
+        self._acts = [value(a, layout.into(i)) for i, a in enumerate(transit["acts"])]
+        self._grads = [value(g, layout.activations[i] if g else None) for i, g in enumerate(transit["grads"])]
+        self._targets = dict(value(t, layout.target) for t in transit["targets"])
 
     def _begin_segment(self) -> None:
         self._tick = 0
@@ -70,7 +101,7 @@ class InlineExecutor(Executor):
                         self._results.append(Result(index, out))
                     else:
                         phase = "loss"
-                        loss, grad = stage.learn(index, self._targets.pop(index))
+                        loss, grad = stage.learn(index, self._targets.pop(index, None))
                         self._results.append(Result(index, out, loss))
                         if i > 0:
                             grads[i - 1] = (index, grad)

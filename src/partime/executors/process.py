@@ -17,14 +17,21 @@ optimizer states stay in the workers. A failure in a worker travels back as data
 phase, traceback) on an error queue; the worker then sets the stop event, every other worker
 leaves at its next wait, and the caller raises the error as a ``StageError``. ``close`` always
 stops and joins every worker.
+
+For a checkpoint the caller asks every worker, between two ticks, for its state (an "ask"
+semaphore, read in the worker's abort check while it waits for the next tick); each answers on a
+pipe with its ``Stage.state_dict()`` and what it sent during the last tick. Resumed workers load
+their state before their first tick.
 """
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import signal
 import sys
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,12 +41,13 @@ import torch.multiprocessing as mp
 from torch import nn
 
 from .. import schedule
+from ..checkpoint import message
 from ..errors import StageError, WorkerDiedError
 from ..stage import Stage, StageConfig
-from ..transport import KIND_DATA, KIND_END, Aborted, Channel, wait
+from ..transport import KIND_DATA, KIND_END, POLL_S, Aborted, Channel, wait
 from ..values import as_tensors, rebuild
 
-from ..worker import Links, Where, run_segment
+from ..worker import Links, Sent, Where, resumed_links, run_segment
 from .base import LOOKAHEAD, Executor, Layout, Result
 
 log = logging.getLogger(__name__)
@@ -62,12 +70,17 @@ class _Worker:
     stop: Any  # an event: every worker leaves at its next wait
     errors: Any  # a queue of failures, as dicts
     parent: int  # the caller's pid: a worker whose caller is gone leaves
+    asks: Any  # a semaphore the caller releases to ask for this stage's state, between two ticks
+    answers: Any  # the sending end of a pipe: the state, as bytes of torch.save
+    resume: bytes | None = None  # torch.save of {"stage", "tick", "activation", "gradient"}
 
 
 class ProcessExecutor(Executor):
     """Runs each stage in its own process; see the module docstring."""
 
-    def start(self, layout: Layout) -> None:
+    checkpoints = True
+
+    def start(self, layout: Layout, state: dict[str, Any] | None = None) -> None:
         ctx = mp.get_context("spawn")
         depth, learning = self.depth, self.config.learning
         self._layout = layout
@@ -78,6 +91,12 @@ class ProcessExecutor(Executor):
         self._seen = [0] * depth  # ticks of each worker counted by sync
         self._offered = 0  # ticks offered to the stages, over all segments
         self._fed = 0  # samples fed in this segment
+        # the targets the last stage has not used yet (for a checkpoint): the last D - 1 fed
+        self._recent_targets: deque[dict[str, Any]] = deque(maxlen=depth - 1)
+        self._asks = [ctx.Semaphore(0) for _ in range(depth)]
+        pipes = [ctx.Pipe(duplex=False) for _ in range(depth)]
+        self._answers = [receiver for receiver, _ in pipes]
+        transit = state["transit"] if state is not None else None
         # The caller's own channels do not spin: on a machine with one core per stage, a caller
         # spinning for its result would take a core from a stage.
         acts = [Channel(ctx, layout.input.tensors, CAPACITY, name="input", spin_s=0)]
@@ -106,7 +125,13 @@ class ProcessExecutor(Executor):
                 targets=self._targets if last else None, results=self._results if last else None,
                 permits=self._permits[i], ticks=self._ticks[i],
             )
-            worker = _Worker(module, config, self.threads, links, self._stop, self._errors, os.getpid())
+            resume = None
+            if state is not None:
+                resume = _dumps({"stage": state["stages"][i], "tick": transit["tick"] if transit else 0,
+                                 "activation": transit["acts"][i] if transit else None,
+                                 "gradient": transit["grads"][i] if transit else None})
+            worker = _Worker(module, config, self.threads, links, self._stop, self._errors, os.getpid(),
+                             self._asks[i], pipes[i][1], resume)
             proc = ctx.Process(target=_work, args=(worker,), name=f"partime-stage-{i}", daemon=True)
             self._procs.append(proc)
         try:
@@ -116,18 +141,45 @@ class ProcessExecutor(Executor):
             self.close()
             raise
         log.debug("started %d stage processes: %s", depth, [p.pid for p in self._procs])
+        if transit is not None:
+            self._fed = transit["tick"]
+            for target in transit["targets"]:
+                self._put_target(target["sample"], tuple(target["tensors"]))
 
     def feed(self, index: int, x: Any, y: Any) -> None:
         self._inputs.put(KIND_DATA, index, as_tensors(x, "sample"), check=self._check)
         if self._targets is not None:
-            self._targets.put(KIND_DATA, index, as_tensors(y, "target"), check=self._check)
+            self._put_target(index, as_tensors(y, "target"))
         self._offer(1)
         self._fed += 1
+
+    def _put_target(self, index: int, tensors: tuple[Any, ...]) -> None:
+        self._targets.put(KIND_DATA, index, tensors, check=self._check)
+        if self._recent_targets.maxlen:
+            self._recent_targets.append(message(index, tensors))
 
     def end(self) -> None:
         self._inputs.put(KIND_END, self._fed, check=self._check)
         self._offer(schedule.segment_ticks(self._fed, self.depth, self.config.learning) - self._fed)
         self._fed = 0
+        self._recent_targets.clear()
+
+    def state_dict(self) -> dict[str, Any]:
+        self.sync()
+        for asks in self._asks:
+            asks.release()
+        answers = []
+        for pipe in self._answers:
+            while not pipe.poll(POLL_S):
+                self._check()
+            answers.append(torch.load(io.BytesIO(pipe.recv_bytes()), weights_only=True))
+        transit = None
+        if self._fed:
+            transit = {"tick": self._fed,
+                       "acts": [None] + [a["activation"] for a in answers[:-1]],
+                       "grads": [a["gradient"] for a in answers[1:]] + [None],
+                       "targets": list(self._recent_targets)}
+        return {"stages": [a["stage"] for a in answers], "transit": transit}
 
     def _offer(self, ticks: int) -> None:
         """Let every stage run ``ticks`` more ticks."""
@@ -163,7 +215,7 @@ class ProcessExecutor(Executor):
         self._errors.close()
         # Let go of the channels and semaphores, so that their segments are unlinked now.
         self._channels = self._inputs = self._targets = self._results = None
-        self._permits = self._ticks = []
+        self._permits = self._ticks = self._asks = self._answers = []
 
     def _check(self) -> None:
         """Called while the caller waits: raise a worker's failure, if there is one."""
@@ -173,6 +225,16 @@ class ProcessExecutor(Executor):
         for i, proc in enumerate(self._procs):
             if proc.exitcode is not None:
                 raise WorkerDiedError(i, None, "running", _death(proc), "")
+
+
+def _dumps(value: Any) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(value, buffer)
+    return buffer.getvalue()
+
+
+def _message(sent: tuple[int, tuple[Any, ...]] | None) -> dict[str, Any] | None:
+    return None if sent is None else message(*sent)
 
 
 def _death(proc: Any) -> str:
@@ -194,17 +256,30 @@ def _work(w: _Worker) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(w.threads)
     where = Where()
+    sent = Sent()
 
     def check() -> None:
         if w.stop.is_set() or os.getppid() != w.parent:
             raise Aborted
+        if w.asks.acquire(False):  # the caller asks for this stage's state: every stage is between two ticks
+            phase, where.phase = where.phase, "checkpoint"
+            w.answers.send_bytes(_dumps({"stage": stage.state_dict(), "activation": _message(sent.activation),
+                                         "gradient": _message(sent.gradient)}))
+            where.phase = phase
 
     code = 0
     try:
         config: StageConfig = cloudpickle.loads(w.config)
         stage = Stage(w.links.index, w.module, config)
+        links, tick = w.links, 0
+        if w.resume is not None:
+            where.phase = "resume"
+            resume = torch.load(io.BytesIO(w.resume), weights_only=True)
+            stage.load_state_dict(resume["stage"])
+            links, tick = resumed_links(links, resume["activation"], resume["gradient"]), resume["tick"]
+        run_segment(stage, links, check, where, tick=tick, sent=sent)
         while True:
-            run_segment(stage, w.links, check, where)
+            run_segment(stage, w.links, check, where, sent=sent)
     except Aborted:
         pass
     except BaseException as exc:  # noqa: BLE001 - every failure goes back to the caller as data
