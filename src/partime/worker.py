@@ -4,7 +4,9 @@
 torch.distributed rank): a plain loop over the ticks of the schedule (``schedule.forward_sample``
 and ``backward_sample``) that blocks on the link each action reads from. A flush is an END
 message that travels down the activation links and tells each stage how many samples the
-segment has.
+segment has. A
+sample skipped under ``nonfinite="skip"`` travels as a SKIP message: forward as a hole on which
+nothing is computed, backward as the gradient that will not come, so that no stage steps for it.
 
 A link is anything with ``put(kind, index, tensors=(), scalar=0.0, *, check=None)`` and
 ``get(*, check=None) -> Message`` (``transport.Channel`` is one); ``check`` is called while a
@@ -13,6 +15,7 @@ link waits and raises to abort.
 
 from __future__ import annotations
 
+import math
 import traceback as tb
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -20,7 +23,7 @@ from typing import Any, Callable
 from . import schedule
 from .executors.base import Layout
 from .stage import Stage
-from .transport import KIND_DATA, KIND_END, wait
+from .transport import KIND_DATA, KIND_END, KIND_SKIP, wait
 from .values import as_tensors, rebuild
 
 
@@ -58,7 +61,17 @@ def run_segment(stage: Stage, links: Links, check: Callable[[], None], where: Wh
 
     With ``permits``, a tick starts only once the caller has offered it, so that no stage runs
     ahead of the caller and the weights can be read between ticks; receiving may happen before.
+    On a failure inside the stage, ``where`` says how far it got (forward, loss, backward, step).
     """
+    try:
+        _run_ticks(stage, links, check, where)
+    except BaseException:
+        if where.phase in ("forward", "loss", "backward"):
+            where.phase = stage.phase
+        raise
+
+
+def _run_ticks(stage: Stage, links: Links, check: Callable[[], None], where: Where) -> None:
     i, depth, learning = links.index, stage.config.depth, stage.config.learning
     last = links.act_out is None
     in_spec = links.layout.input if i == 0 else links.layout.activations[i - 1]
@@ -81,30 +94,49 @@ def run_segment(stage: Stage, links: Links, check: Callable[[], None], where: Wh
                     links.act_out.put(KIND_END, n, check=check)
                 continue
         _start_tick(links, check)
-        if message is not None:
+        out_link = links.results if last else links.act_out
+        if message is not None and message.kind == KIND_SKIP:  # a hole: nothing to compute
+            s = where.sample = message.index
+            out_link.put(KIND_SKIP, s, check=check)
+            if last and links.grad_out is not None:
+                links.grad_out.put(KIND_SKIP, s, check=check)
+        elif message is not None:
             s = where.sample = message.index
             where.phase = "forward"
             out = stage.forward(s, rebuild(in_spec, message.tensors))
-            loss = 0.0
+            loss, kind = 0.0, KIND_DATA
             if last and learning:
                 target = None
                 if links.targets is not None:
                     target = rebuild(links.layout.target, links.targets.get(check=check).tensors)
                 where.phase = "loss"
                 loss, grad = stage.learn(s, target)
+                kind = KIND_DATA if math.isfinite(loss) else KIND_SKIP  # a non-finite loss was skipped
                 if links.grad_out is not None:
-                    links.grad_out.put(KIND_DATA, s, as_tensors(grad, "gradient"), check=check)
-            (links.results if last else links.act_out).put(KIND_DATA, s, as_tensors(out, "output"), loss, check=check)
+                    _send_gradient(links.grad_out, s, grad if kind == KIND_DATA else None, check)
+            out_link.put(kind, s, as_tensors(out, "output"), loss, check=check)
         if learning and not last and schedule.backward_sample(i, tick, depth, n) is not None:
             where.sample, where.phase = None, "receive"
             message = links.grad_in.get(check=check)
             s = where.sample = message.index
-            where.phase = "backward"
-            grad = stage.backward(s, rebuild(links.layout.activations[i], message.tensors))
+            grad = None
+            if message.kind == KIND_SKIP:  # no gradient for this sample: no step
+                stage.drop(s)
+            else:
+                where.phase = "backward"
+                grad = stage.backward(s, rebuild(links.layout.activations[i], message.tensors))
             if links.grad_out is not None:
-                links.grad_out.put(KIND_DATA, s, as_tensors(grad, "gradient"), check=check)
+                _send_gradient(links.grad_out, s, grad, check)
         _end_tick(links)
         tick += 1
+
+
+def _send_gradient(link: Any, sample: int, grad: Any, check: Callable[[], None]) -> None:
+    """Send ``sample``'s gradient back, or (None) the word that it will not come."""
+    if grad is None:
+        link.put(KIND_SKIP, sample, check=check)
+    else:
+        link.put(KIND_DATA, sample, as_tensors(grad, "gradient"), check=check)
 
 
 def _start_tick(links: Links, check: Callable[[], None]) -> None:

@@ -15,7 +15,11 @@ between the same two ticks.
 The stages' parameters live in shared memory, so the caller reads the trained weights in place;
 optimizer states stay in the workers. A failure in a worker travels back as data (stage, sample,
 phase, traceback) on an error queue; the worker then sets the stop event, every other worker
-leaves at its next wait, and the caller raises the error as a ``StageError``. ``close`` always
+leaves at its next wait, and the caller raises the error as a ``StageError``. A worker that
+ends without a word (killed from outside) is noticed by the caller at its next wait (within
+``transport.POLL_S``) and raised as a ``WorkerDiedError`` naming the tick the stage had not
+finished and that tick's sample: the caller knows every tick it offered and counts each stage's
+finished ticks. A worker whose caller is gone leaves at its next wait too. ``close`` always
 stops and joins every worker.
 """
 
@@ -36,7 +40,7 @@ from torch import nn
 from .. import schedule
 from ..errors import StageError, WorkerDiedError
 from ..stage import Stage, StageConfig
-from ..transport import KIND_DATA, KIND_END, Aborted, Channel, wait
+from ..transport import KIND_DATA, KIND_END, KIND_SKIP, Aborted, Channel, wait
 from ..values import as_tensors, rebuild
 
 from ..worker import Links, Where, run_segment
@@ -78,6 +82,7 @@ class ProcessExecutor(Executor):
         self._seen = [0] * depth  # ticks of each worker counted by sync
         self._offered = 0  # ticks offered to the stages, over all segments
         self._fed = 0  # samples fed in this segment
+        self._segments: list[list[Any]] = []  # [first tick, first sample index, samples or None]
         # The caller's own channels do not spin: on a machine with one core per stage, a caller
         # spinning for its result would take a core from a stage.
         acts = [Channel(ctx, layout.input.tensors, CAPACITY, name="input", spin_s=0)]
@@ -118,13 +123,21 @@ class ProcessExecutor(Executor):
         log.debug("started %d stage processes: %s", depth, [p.pid for p in self._procs])
 
     def feed(self, index: int, x: Any, y: Any) -> None:
-        self._inputs.put(KIND_DATA, index, as_tensors(x, "sample"), check=self._check)
-        if self._targets is not None:
-            self._targets.put(KIND_DATA, index, as_tensors(y, "target"), check=self._check)
+        """Offer sample ``index``; ``x`` None is a skipped sample: a hole, sent without a target."""
+        if self._fed == 0:
+            self._segments.append([self._offered, index, None])
+        if x is None:
+            self._inputs.put(KIND_SKIP, index, check=self._check)
+        else:
+            self._inputs.put(KIND_DATA, index, as_tensors(x, "sample"), check=self._check)
+            if self._targets is not None:
+                self._targets.put(KIND_DATA, index, as_tensors(y, "target"), check=self._check)
         self._offer(1)
         self._fed += 1
 
     def end(self) -> None:
+        if self._segments:
+            self._segments[-1][2] = self._fed
         self._inputs.put(KIND_END, self._fed, check=self._check)
         self._offer(schedule.segment_ticks(self._fed, self.depth, self.config.learning) - self._fed)
         self._fed = 0
@@ -138,8 +151,11 @@ class ProcessExecutor(Executor):
 
     def next_result(self) -> Result:
         message = self._results.get(check=self._check)
+        if not message.tensors:  # a skipped input: it never went forward
+            return Result(message.index, None, None, skipped=True)
         output = rebuild(self._layout.output, message.tensors)
-        return Result(message.index, output, message.scalar if self.config.learning else None)
+        loss = message.scalar if self.config.learning else None
+        return Result(message.index, output, loss, skipped=message.kind == KIND_SKIP)
 
     def sync(self) -> None:
         for i, ticks in enumerate(self._ticks):
@@ -168,11 +184,42 @@ class ProcessExecutor(Executor):
     def _check(self) -> None:
         """Called while the caller waits: raise a worker's failure, if there is one."""
         if not self._errors.empty():
-            failure = self._errors.get()
-            raise StageError(**failure)
+            raise StageError(**self._errors.get())
         for i, proc in enumerate(self._procs):
             if proc.exitcode is not None:
-                raise WorkerDiedError(i, None, "running", _death(proc), "")
+                if not self._errors.empty():  # it reported its failure just before it left
+                    raise StageError(**self._errors.get())
+                raise self._died(i, proc)
+
+    def _died(self, i: int, proc: Any) -> WorkerDiedError:
+        """The error for stage ``i``, whose process ended without a word: at the tick it had not finished."""
+        finished = self._seen[i]
+        while self._ticks[i].acquire(False):
+            finished += 1
+        sample, phase, doing = self._work_at(i, finished)
+        return WorkerDiedError(i, sample, phase, f"{_death(proc)} {doing}", "")
+
+    def _work_at(self, i: int, tick: int) -> tuple[int | None, str, str]:
+        """Stage ``i``'s work at ``tick`` (counted over every segment): its sample, phase, and a sentence."""
+        first = next((seg for seg in reversed(self._segments) if seg[0] <= tick), None)
+        if first is None:
+            return None, "start", "before its first tick"
+        start, base, n = first
+        local = tick - start
+        if n is not None and local >= schedule.segment_ticks(n, self.depth, self.config.learning):
+            return None, "waiting", f"between two segments, after tick {tick - 1}"
+        forward = schedule.forward_sample(i, local, n)
+        backward = None
+        if self.config.learning and i < self.depth - 1:
+            backward = schedule.backward_sample(i, local, self.depth, n)
+        work = [f"the forward of sample {base + forward}"] if forward is not None else []
+        work += [f"the gradient of sample {base + backward}"] if backward is not None else []
+        doing = f"in tick {tick}, before finishing " + (" and ".join(work) or "it (a tick with no work)")
+        if forward is not None:
+            return base + forward, "forward", doing
+        if backward is not None:
+            return base + backward, "backward", doing
+        return None, "waiting", doing
 
 
 def _death(proc: Any) -> str:
