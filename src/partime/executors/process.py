@@ -82,7 +82,9 @@ class ProcessExecutor(Executor):
         self._seen = [0] * depth  # ticks of each worker counted by sync
         self._offered = 0  # ticks offered to the stages, over all segments
         self._fed = 0  # samples fed in this segment
-        self._segments: list[list[Any]] = []  # [first tick, first sample index, samples or None]
+        # The current segment: [first tick, first sample index, samples (None until it ends)]. Every
+        # stage has finished the ticks of the segments before (flush syncs), so it is the only one.
+        self._segment: list[Any] | None = None
         # The caller's own channels do not spin: on a machine with one core per stage, a caller
         # spinning for its result would take a core from a stage.
         acts = [Channel(ctx, layout.input.tensors, CAPACITY, name="input", spin_s=0)]
@@ -125,7 +127,7 @@ class ProcessExecutor(Executor):
     def feed(self, index: int, x: Any, y: Any) -> None:
         """Offer sample ``index``; ``x`` None is a skipped sample: a hole, sent without a target."""
         if self._fed == 0:
-            self._segments.append([self._offered, index, None])
+            self._segment = [self._offered, index, None]
         if x is None:
             self._inputs.put(KIND_SKIP, index, check=self._check)
         else:
@@ -136,8 +138,8 @@ class ProcessExecutor(Executor):
         self._fed += 1
 
     def end(self) -> None:
-        if self._segments:
-            self._segments[-1][2] = self._fed
+        if self._segment is not None:
+            self._segment[2] = self._fed
         self._inputs.put(KIND_END, self._fed, check=self._check)
         self._offer(schedule.segment_ticks(self._fed, self.depth, self.config.learning) - self._fed)
         self._fed = 0
@@ -201,10 +203,9 @@ class ProcessExecutor(Executor):
 
     def _work_at(self, i: int, tick: int) -> tuple[int | None, str, str]:
         """Stage ``i``'s work at ``tick`` (counted over every segment): its sample, phase, and a sentence."""
-        first = next((seg for seg in reversed(self._segments) if seg[0] <= tick), None)
-        if first is None:
+        if self._segment is None or tick < self._segment[0]:
             return None, "start", "before its first tick"
-        start, base, n = first
+        start, base, n = self._segment
         local = tick - start
         if n is not None and local >= schedule.segment_ticks(n, self.depth, self.config.learning):
             return None, "waiting", f"between two segments, after tick {tick - 1}"
