@@ -4,9 +4,9 @@
 torch.distributed rank): a plain loop over the ticks of the schedule (``schedule.forward_sample``
 and ``backward_sample``) that blocks on the link each action reads from. A flush is an END
 message that travels down the activation links and tells each stage how many samples the
-segment has. A
-sample skipped under ``nonfinite="skip"`` travels as a SKIP message: forward as a hole on which
-nothing is computed, backward as the gradient that will not come, so that no stage steps for it.
+segment has. A sample skipped under ``nonfinite="skip"`` travels as a SKIP message: forward as a
+hole on which nothing is computed, backward as the gradient that will not come, so that no stage
+steps for it.
 
 A link is anything with ``put(kind, index, tensors=(), scalar=0.0, *, check=None)`` and
 ``get(*, check=None) -> Message`` (``transport.Channel`` is one); ``check`` is called while a
