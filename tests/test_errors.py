@@ -120,16 +120,78 @@ def test_a_loss_that_is_not_a_scalar(executor):
     assert multiprocessing.active_children() == []
 
 
+def scaled_loss(out, target):
+    """Cross-entropy times a scale that comes with the target (infinite where a test wants it)."""
+    y, scale = target
+    return nn.functional.cross_entropy(out, y) * scale.sum()
+
+
 @pytest.mark.parametrize("executor", ["inline", "process"])
 def test_a_non_finite_loss_raises_by_default(executor):
     xs, ys = classification_stream(8)
-    xs[5] = float("inf")
-    with partime.Pipeline(mlp(), [3, 4], executor=executor, loss_fn=nn.CrossEntropyLoss(), optimizer=sgd) as pipe:
-        with pytest.raises(partime.StageError, match="sample 5, loss: FloatingPointError: the loss of sample 5 is not finite: nan"):
-            list(pipe.stream(xs, ys))
+    scales = torch.ones(8, 1)
+    scales[5] = float("inf")
+    targets = list(zip(ys, scales))
+    with partime.Pipeline(mlp(), [3, 4], executor=executor, loss_fn=scaled_loss, optimizer=sgd) as pipe:
+        with pytest.raises(partime.StageError, match="sample 5, loss: FloatingPointError: the loss of sample 5 is not finite: inf"):
+            list(pipe.stream(xs, targets))
         # after a failure nothing more is fed
         with pytest.raises(partime.PipelineClosedError, match="stopped after an error: stage 1, sample 5"):
-            pipe.step(xs[6], ys[6])
+            pipe.step(xs[6], targets[6])
+
+
+@pytest.mark.parametrize("executor", ["inline", "process"])
+def test_a_non_finite_input_is_refused_by_default_and_the_pipeline_goes_on(executor):
+    xs, ys = classification_stream(4)
+    bad = xs[1].clone()
+    bad[1, 3], bad[0, 4] = float("nan"), float("-inf")
+    with partime.Pipeline(mlp(), [3, 4], executor=executor, loss_fn=nn.CrossEntropyLoss(), optimizer=sgd) as pipe:
+        pipe.step(xs[0], ys[0])
+        with pytest.raises(ValueError, match=r"sample 1 is not finite: it has 2 non-finite values, the first -inf at "
+                                             r"index \(0, 4\); pass nonfinite='skip'"):
+            pipe.step(bad, ys[1])
+        rest = [pipe.step(x, y) for x, y in zip(xs[1:], ys[1:])] + pipe.flush()
+    assert [r.index for r in rest if r is not None] == [0, 1, 2, 3]
+    with partime.Pipeline(nn.Sequential(nn.Identity()), 1, executor="inline") as pipe:
+        with pytest.raises(ValueError, match=r"sample 0 is not finite: tensor 1 has 1 non-finite value, the first nan"):
+            pipe.step((torch.ones(2), torch.tensor([1.0, float("nan")]), torch.ones(2, dtype=torch.long)))
+    with pytest.raises(ValueError, match="unknown nonfinite policy 'ignore'; choose one of raise, skip"):
+        partime.Pipeline(mlp(), [3, 4], nonfinite="ignore")
+    with pytest.raises(ValueError, match="nonfinite='skip' runs on the inline and process executors"):
+        partime.Pipeline(mlp(), [3, 4], executor="distributed", nonfinite="skip")
+
+
+@pytest.mark.parametrize("executor", ["inline", "process"])
+@pytest.mark.parametrize("learning", [False, True], ids=["inference", "learning"])
+def test_an_empty_stream_and_streams_shorter_than_the_pipeline(executor, learning):
+    kw = dict(loss_fn=nn.CrossEntropyLoss(), optimizer=sgd) if learning else {}
+    xs, ys = classification_stream(2)
+    with partime.Pipeline(mlp(), [2, 3, 2], executor=executor, **kw) as pipe:
+        assert list(pipe.stream([], [] if learning else None)) == []
+        assert pipe.flush() == []
+        short = list(pipe.stream(xs, ys if learning else None))  # 2 samples, 3 stages
+        assert pipe.step(xs[0], ys[0] if learning else None) is None
+        one = pipe.flush()
+        trained = pipe.module
+    with partime.Pipeline(mlp(), [7], executor="inline", **kw) as plain:
+        expected = list(plain.stream([*xs, xs[0]], [*ys, ys[0]] if learning else None))
+    assert [r.index for r in short + one] == [0, 1, 2]
+    for got, want in zip(short + one, expected, strict=True):
+        if not learning:
+            assert torch.equal(got.output, want.output)
+        assert (got.loss is None) == (not learning)
+    if not learning:  # inference leaves the weights alone
+        assert all(torch.equal(p, q) for p, q in zip(trained.parameters(), mlp().parameters()))
+
+
+def test_ys_longer_than_xs_and_a_target_that_is_not_a_tensor():
+    xs, ys = classification_stream(3)
+    with partime.Pipeline(mlp(), [3, 4], executor="inline", loss_fn=nn.CrossEntropyLoss(), optimizer=sgd) as pipe:
+        with pytest.raises(ValueError, match="ys is longer than xs: xs ended after 2 samples"):
+            list(pipe.stream(xs[:2], ys))
+    with partime.Pipeline(mlp(), [3, 4], executor="inline", loss_fn=nn.CrossEntropyLoss(), optimizer=sgd) as pipe:
+        with pytest.raises(TypeError, match="target of sample 0 must be a tensor or a flat tuple of tensors, got list"):
+            pipe.step(xs[0], [0, 1])
 
 
 def test_a_model_that_does_not_fit_its_sample_names_the_stage_and_shapes():

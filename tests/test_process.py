@@ -100,15 +100,16 @@ def test_a_failing_stage_raises_with_stage_and_sample_and_stops_every_worker():
 
     model = nn.Sequential(nn.Linear(6, 6), nn.Tanh(), nn.Linear(6, 3), nn.LogSoftmax(-1))
     xs, _ = classification_stream(30)
-    xs[13] = float("nan")
+    ys = torch.zeros(30, 2, 2, dtype=torch.long)  # per row: the class, and a flag
+    ys[13, :, 1] = 1
 
-    def nll(out, y):
-        return -out.gather(-1, y[:, None]).mean()
+    def nll(out, y):  # infinite where a flag is set
+        return -out.gather(-1, y[:, :1]).mean() / (1 - y[:, 1].max())
 
     with pytest.raises(partime.StageError, match=r"stage 1, sample 13, loss: .*not finite") as info:
         with partime.Pipeline(model, [2, 2], loss_fn=nll, optimizer=OPTIMIZERS["sgd"], threads=1) as pipe:
-            for x in xs:
-                pipe.step(x, torch.zeros(2, dtype=torch.long))
+            for x, y in zip(xs, ys):
+                pipe.step(x, y)
     assert info.value.stage == 1 and info.value.sample == 13
     assert "FloatingPointError" in info.value.traceback
     assert multiprocessing.active_children() == []

@@ -61,9 +61,10 @@ def spec_from_plain(plain: dict[str, Any] | None) -> ValueSpec | None:
     return ValueSpec(tensors, bool(plain["is_tuple"]))
 
 
-def message(sample: int, tensors: tuple[Tensor, ...] | list[Tensor]) -> dict[str, Any]:
-    """A value in transit (an activation, a gradient, a target) for sample ``sample``, copied."""
-    return {"sample": int(sample), "tensors": [t.detach().clone() for t in tensors]}
+def message(sample: int, tensors: tuple[Tensor, ...] | list[Tensor] | None) -> dict[str, Any]:
+    """A value in transit (an activation, a gradient, a target) for sample ``sample``, copied;
+    ``tensors`` None for a SKIP (a hole going forward, a gradient that will not come back)."""
+    return {"sample": int(sample), "tensors": None if tensors is None else [t.detach().clone() for t in tensors]}
 
 
 def check_state(state: Any, expected: Mapping[str, Any]) -> None:
@@ -181,8 +182,9 @@ class Checkpoints:
                 self._held.append(self._guard(self._executor.next_result))
             executor = self._guard(self._executor.state_dict)
             layout = layout_to_plain(self._executor_layout)
-        held = [{"index": r.index, "output": [t.detach().clone() for t in as_tensors(r.output, "output")],
-                 "loss": r.loss} for r in self._held]
+        held = [{"index": r.index, "loss": r.loss, "skipped": r.skipped,
+                 "output": None if r.output is None else [t.detach().clone() for t in as_tensors(r.output, "output")]}
+                for r in self._held]
         return {
             "format": FORMAT, "version": VERSION, "identity": self._identity(),
             "counters": {"next_index": self._next_index, "in_segment": self._in_segment, "taken": self._taken},
@@ -225,7 +227,8 @@ class Checkpoints:
         self._held = deque()
         if state["layout"] is not None:
             output = spec_from_plain(state["layout"]["output"])
-            self._held.extend(Result(h["index"], rebuild(output, tuple(h["output"])), h["loss"]) for h in state["held"])
+            self._held.extend(Result(h["index"], None if h["output"] is None else rebuild(output, tuple(h["output"])),
+                                     h["loss"], skipped=h["skipped"]) for h in state["held"])
         self._resume = state if state["layout"] is not None else None
 
     def save(self, path: str | os.PathLike[str]) -> None:

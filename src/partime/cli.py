@@ -1,4 +1,4 @@
-"""The ``partime`` command: ``bench``, ``fidelity`` and ``demo`` (the only place that prints)."""
+"""The ``partime`` command: ``bench``, ``fidelity``, ``soak`` and ``demo`` (the only place that prints)."""
 
 from __future__ import annotations
 
@@ -155,6 +155,40 @@ def fidelity(frames: int, seeds: int, depths: tuple[int, ...], stream_names: str
     paths = fid.write(rows, out_dir)
     console.print(paths["markdown"].read_text())
     console.print(f"{len(rows)} runs of {frames} samples; written: " + ", ".join(str(p) for p in paths.values()))
+
+
+@main.command()
+@click.option("--inference-samples", type=click.IntRange(min=10), default=100_000, show_default=True,
+              help="Samples streamed for inference.")
+@click.option("--learning-samples", type=click.IntRange(min=10), default=20_000, show_default=True,
+              help="Samples streamed for online learning.")
+@click.option("--depth", type=click.IntRange(min=1, max=4), default=2, show_default=True, help="Pipeline depth D.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("soak"),
+              show_default=True, help="Where to write soak.json and soak.png.")
+def soak(inference_samples: int, learning_samples: int, depth: int, out_dir: Path) -> None:
+    """Stream a long stream and record every process's resident memory: it must stay flat."""
+    from .soak import plot, run_soak
+
+    console = _console()
+    runs = []
+    with progress_bar(console) as bar:
+        for mode, samples in (("inference", inference_samples), ("learning", learning_samples)):
+            task = bar.add_task(mode, total=samples)
+            runs.append(run_soak(mode, samples, depth=depth,
+                                 progress=lambda done, task=task: bar.update(task, completed=done)))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "soak.json").write_text(json.dumps(runs, indent=1) + "\n")
+    plot(runs, out_dir / "soak.png")
+    table = Table(title=f"partime soak: resident memory after the warm-up (D = {depth}, process executor)")
+    for name in ("mode", "samples", "process", "start MB", "end MB", "max growth MB"):
+        table.add_column(name, justify="left" if name in ("mode", "process") else "right")
+    for run in runs:
+        for process, row in run["summary"].items():
+            table.add_row(run["mode"], f"{run['samples']:,}", process, f"{row['start_mb']:.1f}",
+                          f"{row['end_mb']:.1f}", f"{row['growth_mb']:.1f}")
+    console.print(table)
+    console.print(f"samples of {runs[0]['sample_bytes'] // 1024} KB; warm-up: the first 20% of each stream; "
+                  f"written: {out_dir / 'soak.json'}, {out_dir / 'soak.png'}")
 
 
 @main.command()

@@ -33,4 +33,9 @@ class StageError(RuntimeError):
 
 
 class WorkerDiedError(StageError):
-    """A stage's worker ended without reporting an error (killed by a signal, or it crashed)."""
+    """A stage's worker ended without reporting an error (killed by a signal, or it crashed).
+
+    ``sample`` and ``phase`` are those of the tick the stage had not finished (its forward, or
+    the gradient it was to apply, as the caller's count of offered and finished ticks says);
+    the sample is None, and the phase ``waiting`` or ``start``, when that tick had no work.
+    """

@@ -22,8 +22,9 @@ from .errors import PipelineClosedError, StageError
 from .executors import EXECUTORS, Executor, Layout, Result, executor_class
 from .executors.base import LOOKAHEAD, stage_error
 from .partition import Partition, check_balance, plan, split
-from .stage import GRAD_MODES, LossFn, OptimizerFactory, StageConfig, takes_target
-from .values import ValueSpec, check_like, spec_of
+from .signals import SigtermGuard
+from .stage import GRAD_MODES, NONFINITE, LossFn, OptimizerFactory, StageConfig, takes_target
+from .values import ValueSpec, check_like, nonfinite, spec_of
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +42,18 @@ class Pipeline(Checkpoints):
     (``"lr-scale"``, ``"weight-prediction"``: see ``partime.compensation``); without them it
     infers under ``torch.no_grad()``. ``threads`` is each stage's torch thread count (default:
     the cores divided among the stages).
+
+    ``nonfinite`` says what becomes of a sample whose input or loss holds NaN or an infinity:
+    ``"raise"`` (the default) refuses a non-finite input with a ValueError before it is fed (the
+    pipeline stays usable) and fails on a non-finite loss with a ``StageError``; ``"skip"`` drops
+    the sample from learning and reports it in its result (``Result.skipped``). A skipped input
+    never goes forward: it moves through the stages as a hole, on which nothing is computed, and
+    its result has no output and no loss. A skipped loss keeps its result's output and loss, but
+    no gradient is applied for it. In both cases no stage steps for that sample (SPEC: "a stage
+    that received no gradient in a tick does not step"); every other sample is unaffected.
+
+    While a ``process`` pipeline is open in the main thread, SIGTERM closes it (see
+    ``partime.signals``).
 
     >>> model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
     >>> with Pipeline(model, [2, 1], executor="inline") as pipe:
@@ -65,11 +78,17 @@ class Pipeline(Checkpoints):
         sample: Any = None,
         threads: int | None = None,
         compensation: str | Sequence[str] = (),
+        nonfinite: str = "raise",
     ):
         check_balance(model, balance)
         if grad_mode not in GRAD_MODES:
             raise ValueError(f"unknown grad_mode {grad_mode!r}; choose one of {', '.join(GRAD_MODES)}")
         self._executor_class = executor_class(executor)
+        if nonfinite not in NONFINITE:
+            raise ValueError(f"unknown nonfinite policy {nonfinite!r}; choose one of {', '.join(NONFINITE)}")
+        if nonfinite == "skip" and executor == "distributed":
+            raise ValueError("nonfinite='skip' runs on the inline and process executors; the distributed executor's "
+                             "links carry data only: use nonfinite='raise' there")
         if (loss_fn is None) != (optimizer is None):
             given, missing = ("loss_fn", "optimizer") if optimizer is None else ("optimizer", "loss_fn")
             raise ValueError(
@@ -87,7 +106,9 @@ class Pipeline(Checkpoints):
                         "%d times faster", depth, os.cpu_count(), depth)
         self._model = model
         self._balance = balance
-        self._config = StageConfig(depth, loss_fn, optimizer, grad_mode, False, check_compensation(compensation))
+        self._config = StageConfig(depth, loss_fn, optimizer, grad_mode, False, check_compensation(compensation),
+                                   nonfinite=nonfinite)
+        self._sigterm = SigtermGuard() if executor == "process" else None
         self._supervised = takes_target(loss_fn) if loss_fn is not None else False
         self._partition: Partition | None = None
         if not isinstance(balance, int) or sample is not None:
@@ -141,6 +162,8 @@ class Pipeline(Checkpoints):
         if self._state != "new":
             raise PipelineClosedError(f"this pipeline was already {self._state}ed; make a new one")
         self._state = "open"
+        if self._sigterm is not None:
+            self._sigterm.install()
         if self._rank > 0:  # serve this rank's stage until rank 0 closes the pipeline
             self._guard(self._executor_class.serve, self._rank, self._model, self._config, self._threads)
         return self
@@ -148,6 +171,8 @@ class Pipeline(Checkpoints):
     def close(self) -> None:
         """Stop and join every worker; the results still inside the pipeline are dropped."""
         was_open, self._state = self._state == "open", "closed"
+        if self._sigterm is not None:
+            self._sigterm.restore()  # first: a SIGTERM while the workers are joined ends the program
         if self._executor is not None:
             self._executor.close()
         elif was_open and self._rank == 0 and hasattr(self._executor_class, "cancel"):
@@ -280,9 +305,13 @@ class Pipeline(Checkpoints):
         self._check_open()
         index = self._next_index
         self._check_sample(index, x, y)
+        bad = nonfinite(x)
+        if bad is not None and self._config.nonfinite == "raise":
+            raise ValueError(f"sample {index} is not finite: {bad}; pass nonfinite='skip' to drop such samples")
         if self._executor is None:
             self._guard(self._start, x, y)
-        self._guard(self._executor.feed, index, x, y)
+        # a skipped sample goes in as a hole (None): the stages compute nothing on it
+        self._guard(self._executor.feed, index, None if bad is not None else x, y)
         self._next_index += 1
         self._in_segment += 1
 

@@ -34,6 +34,7 @@ from .compensation import StepSizeScale, WeightPredictor, delay
 from .values import as_tensors, copy_tensors, is_float
 
 GRAD_MODES = ("partime", "stash", "weight-stash")
+NONFINITE = ("raise", "skip")
 
 OptimizerFactory = Callable[[Any], torch.optim.Optimizer]
 LossFn = Callable[..., Tensor]
@@ -49,6 +50,7 @@ class StageConfig:
     grad_mode: str = "partime"
     supervised: bool = False
     compensation: tuple[str, ...] = ()
+    nonfinite: str = "raise"  # a non-finite loss: "raise", or "skip" (no gradient, no step)
 
     @property
     def learning(self) -> bool:
@@ -106,9 +108,11 @@ class Stage:
         self._newest: _Forward | None = None  # partime: the newest input
         self._pending: dict[int, _Forward] = {}  # stash modes: forwards awaiting their gradient
         self._out_is_tuple = False
+        self.phase = "start"  # what the stage is doing: forward, loss, backward or step
 
     def forward(self, sample: int, value: Any) -> Any:
         """Run sample ``sample`` forward; returns the output, detached, for the next stage."""
+        self.phase = "forward"
         value = _to(value, self.device)
         if not self.config.learning:
             with torch.no_grad():
@@ -129,8 +133,11 @@ class Stage:
     def learn(self, sample: int, target: Any = None) -> tuple[float, Any]:
         """Last stage: the loss of ``sample`` (just run forward), its backward and step.
 
-        Returns the loss and the gradient w.r.t. this stage's input (None at stage 0).
+        Returns the loss and the gradient w.r.t. this stage's input (None at stage 0). A loss that
+        is not finite raises a FloatingPointError, or with ``nonfinite="skip"`` is returned with
+        the gradient None: nothing is back-propagated and the optimizer does not step.
         """
+        self.phase = "loss"
         record = self._record_for(sample)
         output = value_of(record.outputs, self._out_is_tuple)
         if self.config.supervised:
@@ -145,6 +152,9 @@ class Stage:
             )
         value = loss.item()
         if not math.isfinite(value):
+            if self.config.nonfinite == "skip":
+                self.drop(sample)
+                return value, None
             raise FloatingPointError(f"the loss of sample {sample} is not finite: {value}")
         return value, self._apply(record, (loss,), None)
 
@@ -153,9 +163,14 @@ class Stage:
 
         Steps the optimizer; returns the gradient w.r.t. this stage's input (None at stage 0).
         """
+        self.phase = "backward"
         record = self._record_for(sample)
         grads = tuple(t.to(self.device) for t in as_tensors(grad, f"gradient at stage {self.index}"))
         return self._apply(record, record.outputs, grads)
+
+    def drop(self, sample: int) -> None:
+        """``sample`` will bring no gradient (it was skipped): forget its forward; no step."""
+        self._pending.pop(sample, None)
 
     def state_dict(self) -> dict[str, Any]:
         """Everything of this stage that decides its future ticks, as copies in plain values.
@@ -262,6 +277,7 @@ class Stage:
         wanted = list(weights) + [t for t in record.inputs if t.requires_grad]
         live = [k for k, o in enumerate(outputs) if o.requires_grad]
         found: tuple[Tensor | None, ...] = (None,) * len(wanted)
+        self.phase = "backward"
         if live and wanted:
             found = torch.autograd.grad(
                 [outputs[k] for k in live],
@@ -273,6 +289,7 @@ class Stage:
         if self.optimizer is not None:
             for p, g in zip(self._params, found[: len(weights)]):
                 p.grad = g
+            self.phase = "step"
             if self._step_size is not None:
                 self._step_size.before_step()
             self.optimizer.step()

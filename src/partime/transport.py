@@ -46,6 +46,10 @@ KIND_DATA = 1
 """A message that carries one value (its tensors) for sample ``index``."""
 KIND_END = 2
 """The producer will send nothing more; ``index`` says how many samples it sent."""
+KIND_SKIP = 8
+"""Sample ``index`` was skipped (``nonfinite="skip"``): a hole going forward (no tensors), a
+gradient that will not come going back, or a result without learning (its output, if any, and
+loss). (The distributed executor's control messages use kinds 3 to 7.)"""
 
 SPIN_S = 100e-6
 """How long a wait spins (non-blocking tries) before it blocks: a peer that answers within this

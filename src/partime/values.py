@@ -86,6 +86,24 @@ def check_like(value: object, expected: ValueSpec, what: str) -> None:
         )
 
 
+def nonfinite(value: Tensor | tuple[Tensor, ...]) -> str | None:
+    """Where ``value`` holds NaN or an infinity, in words (its first such entry); None if nowhere.
+
+    Only floating-point and complex tensors are looked at: other dtypes cannot hold such values.
+    """
+    tensors = as_tensors(value, "value")
+    for k, t in enumerate(tensors):
+        if not is_float(t) or bool(torch.isfinite(t).all()):
+            continue
+        bad = ~torch.isfinite(t)
+        count = int(bad.sum())
+        first = tuple(int(j) for j in bad.nonzero()[0])
+        which = f"tensor {k}" if len(tensors) > 1 else "it"
+        plural = "s" if count > 1 else ""
+        return f"{which} has {count} non-finite value{plural}, the first {t[first].item()} at index {first}"
+    return None
+
+
 def is_float(t: TensorSpec | Tensor) -> bool:
     """Whether gradients flow through this tensor (floating point or complex)."""
     return t.dtype.is_floating_point or t.dtype.is_complex

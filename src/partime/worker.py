@@ -4,7 +4,9 @@
 torch.distributed rank): a plain loop over the ticks of the schedule (``schedule.forward_sample``
 and ``backward_sample``) that blocks on the link each action reads from. A flush is an END
 message that travels down the activation links and tells each stage how many samples the
-segment has.
+segment has. A sample skipped under ``nonfinite="skip"`` travels as a SKIP message: forward as a
+hole on which nothing is computed, backward as the gradient that will not come, so that no stage
+steps for it.
 
 A link is anything with ``put(kind, index, tensors=(), scalar=0.0, *, check=None)`` and
 ``get(*, check=None) -> Message`` (``transport.Channel`` is one); ``check`` is called while a
@@ -18,6 +20,7 @@ resumed stage starts at the checkpoint's tick with those values waiting on its l
 
 from __future__ import annotations
 
+import math
 import traceback as tb
 from collections import deque
 from dataclasses import dataclass, replace
@@ -28,7 +31,7 @@ from torch import Tensor
 from . import schedule
 from .executors.base import Layout
 from .stage import Stage
-from .transport import KIND_DATA, KIND_END, Message, wait
+from .transport import KIND_DATA, KIND_END, KIND_SKIP, Message, wait
 from .values import as_tensors, rebuild
 
 
@@ -64,10 +67,11 @@ class Where:
 @dataclass
 class Sent:
     """What a stage sent to its neighbours during its last tick, as ``(sample, tensors)``: the
-    values in transit at a tick boundary, which the neighbours take at the next tick."""
+    values in transit at a tick boundary, which the neighbours take at the next tick. The
+    tensors are None for a SKIP (a hole forward, a gradient that will not come back)."""
 
-    activation: tuple[int, tuple[Tensor, ...]] | None = None
-    gradient: tuple[int, tuple[Tensor, ...]] | None = None
+    activation: tuple[int, tuple[Tensor, ...] | None] | None = None
+    gradient: tuple[int, tuple[Tensor, ...] | None] | None = None
 
 
 class _Primed:
@@ -86,10 +90,13 @@ class _Primed:
 
 def resumed_links(links: Links, activation: dict[str, Any] | None, gradient: dict[str, Any] | None) -> Links:
     """``links`` with the values in transit of a checkpoint (``checkpoint.message`` dicts, or None)
-    waiting on them: the activation for this stage's next forward, the gradient for its next product."""
+    waiting on them: the activation for this stage's next forward, the gradient for its next product
+    (a value without tensors is a SKIP)."""
     def primed(link: Any, value: dict[str, Any] | None) -> Any:
         if value is None:
             return link
+        if value["tensors"] is None:
+            return _Primed(link, [Message(KIND_SKIP, value["sample"], 0.0, ())])
         return _Primed(link, [Message(KIND_DATA, value["sample"], 0.0, tuple(value["tensors"]))])
 
     return replace(links, act_in=primed(links.act_in, activation), grad_in=primed(links.grad_in, gradient))
@@ -102,12 +109,21 @@ def run_segment(stage: Stage, links: Links, check: Callable[[], None], where: Wh
 
     With ``permits``, a tick starts only once the caller has offered it, so that no stage runs
     ahead of the caller and the weights can be read between ticks; receiving may happen before.
+    On a failure inside the stage, ``where`` says how far it got (forward, loss, backward, step).
     """
+    try:
+        _run_ticks(stage, links, check, where, tick, Sent() if sent is None else sent)
+    except BaseException:
+        if where.phase in ("forward", "loss", "backward"):
+            where.phase = stage.phase
+        raise
+
+
+def _run_ticks(stage: Stage, links: Links, check: Callable[[], None], where: Where, tick: int, sent: Sent) -> None:
     i, depth, learning = links.index, stage.config.depth, stage.config.learning
     last = links.act_out is None
     in_spec = links.layout.input if i == 0 else links.layout.activations[i - 1]
     n: int | None = None
-    sent = Sent() if sent is None else sent
     while True:
         if n is not None and tick > schedule.last_tick(i, n, depth, learning):
             # done with the segment: the ticks left are ones where this stage has nothing to do
@@ -127,35 +143,57 @@ def run_segment(stage: Stage, links: Links, check: Callable[[], None], where: Wh
                 continue
         _start_tick(links, check)
         sent.activation = sent.gradient = None
-        if message is not None:
+        out_link = links.results if last else links.act_out
+        if message is not None and message.kind == KIND_SKIP:  # a hole: nothing to compute
+            s = where.sample = message.index
+            out_link.put(KIND_SKIP, s, check=check)
+            if not last:
+                sent.activation = (s, None)
+            if last and links.grad_out is not None:
+                sent.gradient = _send(links.grad_out, s, None, check)
+        elif message is not None:
             s = where.sample = message.index
             where.phase = "forward"
             out = stage.forward(s, rebuild(in_spec, message.tensors))
-            loss = 0.0
+            loss, kind = 0.0, KIND_DATA
             if last and learning:
                 target = None
                 if links.targets is not None:
                     target = rebuild(links.layout.target, links.targets.get(check=check).tensors)
                 where.phase = "loss"
                 loss, grad = stage.learn(s, target)
+                kind = KIND_DATA if math.isfinite(loss) else KIND_SKIP  # a non-finite loss was skipped
                 if links.grad_out is not None:
-                    sent.gradient = (s, as_tensors(grad, "gradient"))
-                    links.grad_out.put(KIND_DATA, s, sent.gradient[1], check=check)
+                    sent.gradient = _send(links.grad_out, s, grad if kind == KIND_DATA else None, check)
             tensors = as_tensors(out, "output")
             if not last:
                 sent.activation = (s, tensors)
-            (links.results if last else links.act_out).put(KIND_DATA, s, tensors, loss, check=check)
+            out_link.put(kind, s, tensors, loss, check=check)
         if learning and not last and schedule.backward_sample(i, tick, depth, n) is not None:
             where.sample, where.phase = None, "receive"
             message = links.grad_in.get(check=check)
             s = where.sample = message.index
-            where.phase = "backward"
-            grad = stage.backward(s, rebuild(links.layout.activations[i], message.tensors))
+            grad = None
+            if message.kind == KIND_SKIP:  # no gradient for this sample: no step
+                stage.drop(s)
+            else:
+                where.phase = "backward"
+                grad = stage.backward(s, rebuild(links.layout.activations[i], message.tensors))
             if links.grad_out is not None:
-                sent.gradient = (s, as_tensors(grad, "gradient"))
-                links.grad_out.put(KIND_DATA, s, sent.gradient[1], check=check)
+                sent.gradient = _send(links.grad_out, s, grad, check)
         _end_tick(links)
         tick += 1
+
+
+def _send(link: Any, sample: int, value: Any, check: Callable[[], None]) -> tuple[int, tuple[Tensor, ...] | None]:
+    """Send ``sample``'s gradient on ``link``, or (None) the word that it will not come; what was
+    sent, as ``Sent`` notes it."""
+    if value is None:
+        link.put(KIND_SKIP, sample, check=check)
+        return sample, None
+    tensors = as_tensors(value, "gradient")
+    link.put(KIND_DATA, sample, tensors, check=check)
+    return sample, tensors
 
 
 def _start_tick(links: Links, check: Callable[[], None]) -> None:

@@ -50,11 +50,17 @@ never wait for the caller between two ticks. Executors size their caller-side bu
 
 @dataclass
 class Result:
-    """What one sample yields: its index, the pipeline's output and, when learning, its loss."""
+    """What one sample yields: its index, the pipeline's output and, when learning, its loss.
+
+    ``skipped`` under ``nonfinite="skip"``: the sample did not take part in learning. Its input
+    was not finite (then ``output`` and ``loss`` are None: it never went forward), or its loss
+    was not finite (then both are there, and no gradient was applied for it).
+    """
 
     index: int
-    output: Tensor | tuple[Tensor, ...]
+    output: Tensor | tuple[Tensor, ...] | None
     loss: float | None = None
+    skipped: bool = False
 
 
 @dataclass(frozen=True)

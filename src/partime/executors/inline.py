@@ -4,10 +4,16 @@ Every stage runs in the caller's thread, one after another within a tick, with t
 a tick (activations forward, gradients back) delivered at the next tick. It is the reference
 every other executor is tested against, and a way to simulate the learning of a D-stage
 pipeline on one core.
+
+A sample skipped under ``nonfinite="skip"`` is fed as ``x = None``: a hole that moves through the
+stages like a warm-up tick (nothing is computed on it) and comes out as a result with no output.
+A skipped sample (a hole, or a non-finite loss) sends back the gradient ``None``: each stage that
+would have applied its gradient does not step, and passes the ``None`` on.
 """
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from typing import Any
 
@@ -34,7 +40,9 @@ class InlineExecutor(Executor):
         transit = None
         if self._fed:
             def sent(value: tuple[int, Any] | None) -> dict[str, Any] | None:
-                return None if value is None else message(value[0], as_tensors(value[1], "value in transit"))
+                if value is None:
+                    return None
+                return message(value[0], None if value[1] is None else as_tensors(value[1], "value in transit"))
 
             transit = {"tick": self._tick, "acts": [sent(a) for a in self._acts], "grads": [sent(g) for g in self._grads],
                        "targets": [sent(t) for t in self._targets.items() if t[1] is not None]}
@@ -48,7 +56,9 @@ class InlineExecutor(Executor):
             return
 
         def value(sent: dict[str, Any] | None, spec: Any) -> tuple[int, Any] | None:
-            return None if sent is None else (sent["sample"], rebuild(spec, tuple(sent["tensors"])))
+            if sent is None:
+                return None
+            return sent["sample"], None if sent["tensors"] is None else rebuild(spec, tuple(sent["tensors"]))
 
         self._tick = self._fed = transit["tick"]
         self._acts = [value(a, layout.into(i)) for i, a in enumerate(transit["acts"])]
@@ -63,6 +73,7 @@ class InlineExecutor(Executor):
         self._targets: dict[int, Any] = {}
 
     def feed(self, index: int, x: Any, y: Any) -> None:
+        """Offer sample ``index`` (``x`` None: a skipped sample, a hole) and run one tick."""
         self._acts[0] = (index, x)
         self._targets[index] = y
         self._fed += 1
@@ -92,28 +103,39 @@ class InlineExecutor(Executor):
         for i, stage in enumerate(self._stages):
             if schedule.forward_sample(i, tick, num_samples) is not None:
                 index, value = self._acts[i]
-                phase = "forward"
-                try:
-                    out = stage.forward(index, value)
+                target = self._targets.pop(index, None) if i == depth - 1 else None
+                if value is None:  # a hole: nothing to compute, no gradient will come
                     if i < depth - 1:
-                        acts[i + 1] = (index, out)
-                    elif not self.config.learning:
-                        self._results.append(Result(index, out))
+                        acts[i + 1] = (index, None)
                     else:
-                        phase = "loss"
-                        loss, grad = stage.learn(index, self._targets.pop(index, None))
-                        self._results.append(Result(index, out, loss))
-                        if i > 0:
-                            grads[i - 1] = (index, grad)
-                except Exception as exc:
-                    raise stage_error(i, index, phase, exc) from exc
+                        self._results.append(Result(index, None, None, skipped=True))
+                        if self.config.learning and i > 0:
+                            grads[i - 1] = (index, None)
+                else:
+                    try:
+                        out = stage.forward(index, value)
+                        if i < depth - 1:
+                            acts[i + 1] = (index, out)
+                        elif not self.config.learning:
+                            self._results.append(Result(index, out))
+                        else:
+                            loss, grad = stage.learn(index, target)
+                            skipped = not math.isfinite(loss)  # a non-finite loss was skipped
+                            self._results.append(Result(index, out, loss, skipped=skipped))
+                            if i > 0:
+                                grads[i - 1] = (index, None if skipped else grad)
+                    except Exception as exc:
+                        raise stage_error(i, index, stage.phase, exc) from exc
             if self.config.learning and i < depth - 1:
                 if schedule.backward_sample(i, tick, depth, num_samples) is not None:
                     index, grad = self._grads[i]
-                    try:
-                        grad = stage.backward(index, grad)
-                    except Exception as exc:
-                        raise stage_error(i, index, "backward", exc) from exc
+                    if grad is None:  # the sample was skipped: no step
+                        stage.drop(index)
+                    else:
+                        try:
+                            grad = stage.backward(index, grad)
+                        except Exception as exc:
+                            raise stage_error(i, index, stage.phase, exc) from exc
                     if i > 0:
                         grads[i - 1] = (index, grad)
         self._acts, self._grads = acts, grads

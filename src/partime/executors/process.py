@@ -15,7 +15,11 @@ between the same two ticks.
 The stages' parameters live in shared memory, so the caller reads the trained weights in place;
 optimizer states stay in the workers. A failure in a worker travels back as data (stage, sample,
 phase, traceback) on an error queue; the worker then sets the stop event, every other worker
-leaves at its next wait, and the caller raises the error as a ``StageError``. ``close`` always
+leaves at its next wait, and the caller raises the error as a ``StageError``. A worker that
+ends without a word (killed from outside) is noticed by the caller at its next wait (within
+``transport.POLL_S``) and raised as a ``WorkerDiedError`` naming the tick the stage had not
+finished and that tick's sample: the caller knows every tick it offered and counts each stage's
+finished ticks. A worker whose caller is gone leaves at its next wait too. ``close`` always
 stops and joins every worker.
 
 For a checkpoint the caller asks every worker, between two ticks, for its state (an "ask"
@@ -44,7 +48,7 @@ from .. import schedule
 from ..checkpoint import message
 from ..errors import StageError, WorkerDiedError
 from ..stage import Stage, StageConfig
-from ..transport import KIND_DATA, KIND_END, POLL_S, Aborted, Channel, wait
+from ..transport import KIND_DATA, KIND_END, KIND_SKIP, POLL_S, Aborted, Channel, wait
 from ..values import as_tensors, rebuild
 
 from ..worker import Links, Sent, Where, resumed_links, run_segment
@@ -97,6 +101,9 @@ class ProcessExecutor(Executor):
         pipes = [ctx.Pipe(duplex=False) for _ in range(depth)]
         self._answers = [receiver for receiver, _ in pipes]
         transit = state["transit"] if state is not None else None
+        # The current segment: [first tick, first sample index, samples (None until it ends)]. Every
+        # stage has finished the ticks of the segments before (flush syncs), so it is the only one.
+        self._segment: list[Any] | None = None
         # The caller's own channels do not spin: on a machine with one core per stage, a caller
         # spinning for its result would take a core from a stage.
         acts = [Channel(ctx, layout.input.tensors, CAPACITY, name="input", spin_s=0)]
@@ -147,9 +154,16 @@ class ProcessExecutor(Executor):
                 self._put_target(target["sample"], tuple(target["tensors"]))
 
     def feed(self, index: int, x: Any, y: Any) -> None:
-        self._inputs.put(KIND_DATA, index, as_tensors(x, "sample"), check=self._check)
-        if self._targets is not None:
-            self._put_target(index, as_tensors(y, "target"))
+        """Offer sample ``index``; ``x`` None is a skipped sample: a hole, sent without a target."""
+        if self._segment is None or self._segment[2] is not None:
+            # a new segment begins with this sample (or, resumed from a checkpoint, ``_fed`` ticks ago)
+            self._segment = [self._offered - self._fed, index - self._fed, None]
+        if x is None:
+            self._inputs.put(KIND_SKIP, index, check=self._check)
+        else:
+            self._inputs.put(KIND_DATA, index, as_tensors(x, "sample"), check=self._check)
+            if self._targets is not None:
+                self._put_target(index, as_tensors(y, "target"))
         self._offer(1)
         self._fed += 1
 
@@ -159,6 +173,8 @@ class ProcessExecutor(Executor):
             self._recent_targets.append(message(index, tensors))
 
     def end(self) -> None:
+        if self._segment is not None:
+            self._segment[2] = self._fed
         self._inputs.put(KIND_END, self._fed, check=self._check)
         self._offer(schedule.segment_ticks(self._fed, self.depth, self.config.learning) - self._fed)
         self._fed = 0
@@ -190,8 +206,11 @@ class ProcessExecutor(Executor):
 
     def next_result(self) -> Result:
         message = self._results.get(check=self._check)
+        if not message.tensors:  # a skipped input: it never went forward
+            return Result(message.index, None, None, skipped=True)
         output = rebuild(self._layout.output, message.tensors)
-        return Result(message.index, output, message.scalar if self.config.learning else None)
+        loss = message.scalar if self.config.learning else None
+        return Result(message.index, output, loss, skipped=message.kind == KIND_SKIP)
 
     def sync(self) -> None:
         for i, ticks in enumerate(self._ticks):
@@ -220,11 +239,41 @@ class ProcessExecutor(Executor):
     def _check(self) -> None:
         """Called while the caller waits: raise a worker's failure, if there is one."""
         if not self._errors.empty():
-            failure = self._errors.get()
-            raise StageError(**failure)
+            raise StageError(**self._errors.get())
         for i, proc in enumerate(self._procs):
             if proc.exitcode is not None:
-                raise WorkerDiedError(i, None, "running", _death(proc), "")
+                if not self._errors.empty():  # it reported its failure just before it left
+                    raise StageError(**self._errors.get())
+                raise self._died(i, proc)
+
+    def _died(self, i: int, proc: Any) -> WorkerDiedError:
+        """The error for stage ``i``, whose process ended without a word: at the tick it had not finished."""
+        finished = self._seen[i]
+        while self._ticks[i].acquire(False):
+            finished += 1
+        sample, phase, doing = self._work_at(i, finished)
+        return WorkerDiedError(i, sample, phase, f"{_death(proc)} {doing}", "")
+
+    def _work_at(self, i: int, tick: int) -> tuple[int | None, str, str]:
+        """Stage ``i``'s work at ``tick`` (counted over every segment): its sample, phase, and a sentence."""
+        if self._segment is None or tick < self._segment[0]:
+            return None, "start", "before its first tick"
+        start, base, n = self._segment
+        local = tick - start
+        if n is not None and local >= schedule.segment_ticks(n, self.depth, self.config.learning):
+            return None, "waiting", f"between two segments, after tick {tick - 1}"
+        forward = schedule.forward_sample(i, local, n)
+        backward = None
+        if self.config.learning and i < self.depth - 1:
+            backward = schedule.backward_sample(i, local, self.depth, n)
+        work = [f"the forward of sample {base + forward}"] if forward is not None else []
+        work += [f"the gradient of sample {base + backward}"] if backward is not None else []
+        doing = f"in tick {tick}, before finishing " + (" and ".join(work) or "it (a tick with no work)")
+        if forward is not None:
+            return base + forward, "forward", doing
+        if backward is not None:
+            return base + backward, "backward", doing
+        return None, "waiting", doing
 
 
 def _dumps(value: Any) -> bytes:

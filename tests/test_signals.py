@@ -1,0 +1,97 @@
+"""A signal to the caller (Ctrl-C, SIGTERM, SIGKILL) ends it promptly, with every worker and
+every shared-memory segment; SIGTERM is taken only while a process pipeline is open."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+import partime
+from partime.signals import EXIT_STATUS
+
+from faulty import shm_names, still_there, tagged_stream, tripping_model
+
+BOUND_S = 5.0
+
+SCRIPT = """
+import itertools, sys, time
+import partime
+from faulty import TripLoss, TripOptimizer, tagged_stream, tripping_model
+
+def forever(items):
+    for i, item in enumerate(itertools.cycle(items)):
+        yield item if not isinstance(item, tuple) else (item[0], item[1] * 0 + i)
+
+if __name__ == "__main__":
+    xs, ys = tagged_stream(50, 2)
+    with partime.Pipeline(tripping_model(2), [2, 2], loss_fn=TripLoss(), optimizer=TripOptimizer(), threads=1) as pipe:
+        for r in pipe.stream(forever(xs), forever(ys)):
+            if r.index == 20:
+                print("running", flush=True)
+            time.sleep(0.002)
+"""
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL], ids=lambda s: s.name)
+def test_a_signal_to_the_caller_ends_it_with_its_workers_and_shared_memory(signum, tmp_path):
+    script = tmp_path / "stream_forever.py"
+    script.write_text(textwrap.dedent(SCRIPT))
+    tests = Path(__file__).parent
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tests.parent / "src"), str(tests)]))
+    main = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=env, text=True)
+    try:
+        assert main.stdout.readline() == "running\n", main.stderr.read()
+        family = psutil.Process(main.pid).children(recursive=True)
+        assert len([p for p in family if "partime" in " ".join(p.cmdline()) or p.name() == "python"]) >= 2
+        names = set().union(*(shm_names(p.pid) for p in [psutil.Process(main.pid), *family]))
+        assert any("sem." in name for name in names)  # the run holds named semaphores in /dev/shm
+        main.send_signal(signum)
+        sent = time.monotonic()
+        main.wait(timeout=30)
+        elapsed = time.monotonic() - sent
+        _, alive = psutil.wait_procs(family, timeout=BOUND_S)
+        left = time.monotonic() - sent
+    finally:
+        if main.poll() is None:
+            main.kill()
+        main.wait()
+    stderr = main.stderr.read()
+    assert elapsed < BOUND_S and left < BOUND_S and alive == [], (elapsed, left, alive)
+    assert still_there(names) == set()
+    if signum == signal.SIGTERM:
+        assert main.returncode == EXIT_STATUS, stderr  # closed as for an error, then exited
+    elif signum == signal.SIGINT:
+        assert "KeyboardInterrupt" in stderr
+    else:
+        assert main.returncode == -signal.SIGKILL
+    if signum != signal.SIGKILL:
+        assert "leaked" not in stderr, stderr  # the caller released everything itself
+
+
+def test_sigterm_is_taken_only_while_a_process_pipeline_is_open_and_never_from_the_program():
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    xs, ys = tagged_stream(3, 2)
+    with partime.Pipeline(tripping_model(2), [2, 2], threads=1) as pipe:
+        assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+        pipe.step(xs[0])
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    with partime.Pipeline(tripping_model(2), [2, 2], executor="inline"):
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+    def mine(signum, frame):
+        pass
+
+    signal.signal(signal.SIGTERM, mine)
+    try:
+        with partime.Pipeline(tripping_model(2), [2, 2], threads=1):
+            assert signal.getsignal(signal.SIGTERM) is mine
+        assert signal.getsignal(signal.SIGTERM) is mine
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
