@@ -81,7 +81,7 @@ def bench(executor: str, samples: int, depths: tuple[int, ...], size: int, layer
 
 def _bench_distributed(samples: int, size: int, layers: int, json_path: Path | None) -> None:
     """``partime bench --executor distributed``, run by every rank under torchrun (D = world size)."""
-    from .executors.distributed import bench_distributed
+    from .bench_distributed import bench_distributed
 
     rows = bench_distributed(samples, size, layers)
     if rows is not None:  # rank 0; the other ranks served their stages
