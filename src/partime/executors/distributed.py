@@ -12,9 +12,10 @@ and ``flush`` return results there; the last rank sends them back::
 Each stage runs ``worker.run_segment``, the loop the process executor's workers run: on rank 0 in a
 thread beside the caller (which only feeds samples and takes results), on the other ranks in the
 script's own thread, inside ``Pipeline.open`` (``with pipe:``), until rank 0 closes the pipeline.
-There ``stream`` then yields nothing, ``step`` returns None and ``flush`` []. A stage starts a
-tick only once rank 0's caller has offered it (a permit travels to every rank per tick), so between
-two ticks ``pipe.module`` on rank 0 can fetch every stage's weights: each rank sends its stage's
+There ``stream`` then yields nothing, ``step`` returns None and ``flush`` []. When learning, a
+stage starts a tick only once rank 0's caller has offered it (a permit travels to every rank per
+tick; in inference, where no weight changes, ranks > 0 run as their inputs come), so between two
+ticks ``pipe.module`` on rank 0 can fetch every stage's weights: each rank sends its stage's
 ``state_dict`` when asked (at every ``flush`` and every read of ``pipe.module``); optimizer states
 stay on their ranks. At the first sample rank 0 publishes the cut and every boundary's layout in
 the process group's store and sends each rank its stage's weights, so all ranks start alike.
@@ -54,10 +55,13 @@ from ..transport import KIND_DATA, KIND_END, POLL_S, Aborted, Channel, Message, 
 from ..values import TensorSpec, as_tensors, rebuild
 from ..worker import Links, Where, run_segment
 from .base import LOOKAHEAD, Executor, Layout, Result
-from .link import CAPACITY, KIND_CLOSE, KIND_PERMIT, KIND_SNAPSHOT, KIND_STATE, Permits
+from .link import KIND_CLOSE, KIND_PERMIT, KIND_SNAPSHOT, KIND_STATE, Permits
 from .ranks import CLOSE_S, Run, Wire, join_group
 
 log = logging.getLogger(__name__)
+
+CAPACITY = 2
+"""Samples rank 0's caller may queue for stage 0 (and, with one stage, results for itself)."""
 
 
 @dataclass(frozen=True)
@@ -176,7 +180,7 @@ class DistributedExecutor(Executor):
             return
         self._permits.release(ticks)
         self._offered += ticks
-        for r in range(1, self.depth):
+        for r in range(1, self.depth if self.config.learning else 1):  # see ``serve``
             self._run.link(f"control 0->{r}").put(KIND_PERMIT, self._offered, check=self._run.health.check)
 
     def next_result(self) -> Result:
@@ -274,7 +278,10 @@ class DistributedExecutor(Executor):
                 index=rank, layout=plan.layout, act_in=run.link(f"activation {rank - 1}->{rank}"),
                 act_out=run.link(f"activation {rank}->{rank + 1}"), grad_in=run.link(f"gradient {rank + 1}->{rank}"),
                 grad_out=run.link(f"gradient {rank}->{rank - 1}"), targets=run.link("target") if last else None,
-                results=run.link("result") if last else None, permits=permits, ticks=ticks,
+                results=run.link("result") if last else None, ticks=ticks,
+                # Ungated in inference: no weight changes, so the weights between two ticks are
+                # these whatever tick the stage is at, and no permit need travel per tick.
+                permits=permits if config.learning else None,
             )
             stage = Stage(rank, module, config, run.device)
             while True:

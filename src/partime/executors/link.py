@@ -1,27 +1,28 @@
 """A one-way link between two torch.distributed ranks: ``put`` on one, ``get`` on the other (internal module).
 
 A ``Link`` has ``transport.Channel``'s ``put``/``get``, so the shared stage loop
-(``worker.run_segment``) runs on it unchanged. Behind them, a process group of its own and one
-thread at each end that does nothing but blocking ``send``s (or ``recv``s) of its messages, in order.
+(``worker.run_segment``) runs on it unchanged. Behind them, a process group of its own; ``put``
+sends at once, with a blocking ``send``, and at the other end a thread does nothing but blocking
+``recv``s, one message after the other, into a mailbox that ``get`` reads.
 
 Why so: gloo's known traps are that ``isend``/``irecv`` progress only inside ``wait()``, that
 several outstanding operations can hang, and that ``batch_isend_irecv`` has hung. Here every
-operation is a blocking ``send`` or ``recv`` (post and wait at once) made by a thread that does
-nothing else, so no operation is ever outstanding without someone waiting on it; and every link
-has a process group of its own with one thread at each end, so no group ever has two operations
-in flight on one side, both sides see its messages in one order, and nothing is batched. (NCCL
-needs the same: one thread per communicator.) ``put`` returns once the message is queued (at most
-``CAPACITY`` wait), ``get`` takes what the receiving thread has already read off the wire, so a
-hop overlaps the next computation. Receiving threads never wait for room (whoever reads a link
-takes each message when due, which bounds what is in flight), so a send lasts only as long as
-the wire; an idle link carries a ping every ``PING_S``, so gloo's timeout (``LINK_TIMEOUT_S``)
-fires only on a peer that is alive but stuck.
+operation is a blocking ``send`` or ``recv`` (post and wait at once), so no operation is ever
+outstanding without someone waiting on it; every link has a process group of its own, used on
+each side by one thread at a time (a lock on the sending side), so no group ever has two
+operations in flight on one side, both sides see its messages in one order, and nothing is
+batched. (NCCL needs the same: one thread at a time per communicator.) Since the receiving
+thread never waits for room (whoever reads a link takes each message when due, which bounds what
+is in flight), a send lasts only as long as the wire takes the bytes; and since the sender sends
+from its own thread, a hop costs no thread hand-off on the sending side (on the receiving side it
+overlaps the reader's computation). An idle link carries a ping every ``PING_S``, so gloo's
+timeout (``LINK_TIMEOUT_S``) fires only on a peer that is alive but stuck.
 
 A message on a link whose only payload is ``KIND_DATA``'s (activations, gradients, results,
 targets) is one frame of bytes (header and tensors, of a size fixed by the layout), so one send
-per hop; the threads call the process group's own ``send``/``recv`` and wait at once, skipping
-``torch.distributed.send``'s checks. A thread whose link breaks reports it to the run's
-``Health`` (``ranks.py``), which publishes it to every rank.
+per hop; the ranks call the process group's own ``send``/``recv`` and wait at once, skipping
+``torch.distributed.send``'s checks. A link that breaks is reported to the run's ``Health``
+(``ranks.py``), which publishes it to every rank.
 """
 
 from __future__ import annotations
@@ -53,8 +54,6 @@ KIND_PING = 6
 KIND_CLOSE = 7
 """The last message on a link."""
 
-CAPACITY = 2
-"""Messages a stage may queue on a link before ``put`` waits for the sending thread."""
 PING_S = 2.0
 """How long a link may be idle before its sending thread sends a ping."""
 LINK_TIMEOUT_S = 60.0
@@ -62,37 +61,26 @@ LINK_TIMEOUT_S = 60.0
 
 
 class Mailbox:
-    """A FIFO between two threads of one rank, with room for ``capacity`` items (None: no limit)."""
+    """An unbounded FIFO from a link's receiving thread to whoever reads the link."""
 
-    def __init__(self, capacity: int | None):
-        self.capacity = capacity
+    def __init__(self) -> None:
         self._items: deque[Message] = deque()
         self._cond = threading.Condition()
 
-    def put(self, item: Message, check: Callable[[], None] | None = None, *, force: bool = False) -> None:
+    def put(self, item: Message) -> None:
+        """Append ``item``; never waits."""
         with self._cond:
-            while not force and self.capacity is not None and len(self._items) >= self.capacity:
-                if not self._cond.wait(POLL_S) and check is not None:
-                    check()
-            if item.kind == KIND_PERMIT and self._items and self._items[-1].kind == KIND_PERMIT:
-                self._items[-1] = item  # permits only grow: the newest count says it all
-            else:
-                self._items.append(item)
-            self._cond.notify_all()
+            self._items.append(item)
+            self._cond.notify()
 
-    def get(self, check: Callable[[], None] | None = None, timeout: float | None = None) -> Message | None:
-        """The oldest item; None once ``timeout`` has passed without one."""
-        deadline = None if timeout is None else time.monotonic() + timeout
+    def get(self, check: Callable[[], None] | None = None) -> Message:
+        """The oldest item, waiting for one; ``check`` is called every ``POLL_S`` of waiting and
+        whatever it raises propagates."""
         with self._cond:
             while not self._items:
-                left = POLL_S if deadline is None else min(POLL_S, deadline - time.monotonic())
-                if left <= 0:
-                    return None
-                if not self._cond.wait(left) and check is not None:
+                if not self._cond.wait(POLL_S) and check is not None:
                     check()
-            item = self._items.popleft()
-            self._cond.notify_all()
-            return item
+            return self._items.popleft()
 
 
 _HEADER = 3 * 8  # kind, index, scalar: float64
@@ -111,7 +99,8 @@ def _frame_layout(specs: Sequence[TensorSpec], start: int) -> tuple[list[int], i
 
 class Link:
     """One direction between two ranks, with ``put``/``get`` like ``transport.Channel``: a process
-    group of its own and one thread at each end that sends (or receives) its messages in order.
+    group of its own, the sender's ``put`` sending at once and a thread at the other end that
+    receives every message as it comes.
 
     A message travels as bytes: a header ``(kind, index, scalar)`` and the tensors that ``payload``
     gives for its kind. On a link whose only payload is ``KIND_DATA``'s (activations, gradients,
@@ -119,6 +108,12 @@ class Link:
     the others (control, reply) the header goes alone, then the tensors, if the kind has any.
     ``put`` copies the tensors into the frame, so the caller keeps them; ``get`` hands out views
     of a frame of its own.
+
+    ``put`` sends from the caller's thread, holding the link's lock (one operation at a time on
+    its group, whoever sends): since the other end's thread is always receiving, a send lasts as
+    long as the wire takes the bytes (on one host, a copy into the socket's buffer) and no thread
+    wakes up per message to send it. The sending end's own thread only keeps an idle link alive (a
+    ping once ``PING_S`` passed without a message) and sends the CLOSE of ``hang_up``.
     """
 
     def __init__(self, name: str, group: Any, peer: int, sending: bool, payload: dict[int, tuple[TensorSpec, ...]],
@@ -128,46 +123,68 @@ class Link:
         self._to = dist.get_group_rank(group, peer)  # the process group's own calls: no per-call checks
         self._packed = set(payload) == {KIND_DATA}
         self._layouts = {kind: _frame_layout(specs, _HEADER if self._packed else 0) for kind, specs in payload.items()}
+        self._lock = threading.Lock()  # held while a message goes on the wire
+        self._sent_at = time.monotonic()
         self._hung_up = False
-        self._box = Mailbox(CAPACITY if sending else None)
+        self._hang_up = threading.Event()
+        # A send is over once ``wait`` returns (on a GPU, for the stream of whoever sends next), so
+        # a packed link reuses one frame.
+        self._frame = None
+        if sending and self._packed:
+            self._frame = torch.empty(self._layouts[KIND_DATA][1], dtype=torch.uint8, device=self.device)
+        self._box = Mailbox()
         self._control = deliver is not None
-        self._deliver = deliver or (lambda message: self._box.put(message))
+        self._deliver = deliver or self._box.put
         loop = self._send_loop if sending else self._receive_loop
         self._thread = threading.Thread(target=loop, name=f"partime {name}", daemon=True)
         self._thread.start()
 
     def put(self, kind: int, index: int, tensors: Sequence[Tensor] = (), scalar: float = 0.0, *,
             check: Callable[[], None] | None = None) -> None:
-        """Queue one message for the sending thread (waiting while ``CAPACITY`` are queued); the
-        tensors are copied, so the caller keeps them. A ValueError names the link and both layouts
-        unless the tensors are the ones ``payload`` gives for ``kind``."""
+        """Send one message; it is on the wire when ``put`` returns, and the caller keeps the tensors.
+
+        A ValueError names the link and both layouts unless the tensors are the ones ``payload``
+        gives for ``kind``. ``Aborted`` once the link is hung up or broken (a broken link is
+        reported to the run's ``Health`` first, as the loss of the peer). ``check`` is there for
+        ``transport.Channel``'s signature: a send never waits for room.
+        """
         specs = self.payload.get(kind, ())
         got = tuple(TensorSpec(tuple(t.shape), t.dtype) for t in tensors)
         if got != specs:
             raise ValueError(f"link {self.name!r}: got tensors {[str(s) for s in got]} for a message of kind "
                              f"{kind}, but it carries {[str(s) for s in specs]}")
-        self._box.put(Message(kind, index, scalar, self._frames(kind, index, scalar, tensors)), check)
+        with self._lock:
+            if self._hung_up:
+                raise Aborted
+            try:
+                self._send(kind, index, scalar, tensors)
+            except Exception as exc:  # the peer is gone, or the wire
+                self.health.lost(self.name, self.peer, exc)
+                raise Aborted from exc
 
     def get(self, *, check: Callable[[], None] | None = None) -> Message:
         """The oldest message the receiving thread has read, waiting for one; its tensors are the
         receiver's own. Whatever ``check`` raises while waiting propagates."""
         return self._box.get(check)
 
-    def _frames(self, kind: int, index: int, scalar: float, tensors: Sequence[Tensor]) -> tuple[Tensor, ...]:
-        """The message as the frames that go on the wire."""
-        header = torch.tensor([kind, index, scalar], dtype=torch.float64)
-        if not self._packed:
-            header = (header.view(torch.uint8).to(self.device),)
-            if not tensors:
-                return header
-        offsets, size = self._layouts[KIND_DATA if self._packed else kind]
-        frame = torch.empty(size, dtype=torch.uint8, device=self.device)
+    def _send(self, kind: int, index: int, scalar: float, tensors: Sequence[Tensor]) -> None:
+        """Put the message on the wire; the caller holds the lock."""
+        header = torch.tensor([kind, index, scalar], dtype=torch.float64).view(torch.uint8)
+        offsets, size = self._layouts[KIND_DATA if self._packed else kind] if tensors or self._packed else ((), 0)
+        frames: tuple[Tensor, ...] = ()
+        if self._packed:
+            frame = self._frame if self._frame is not None else torch.empty(size, dtype=torch.uint8, device=self.device)
+            frame[:_HEADER].copy_(header)
+            frames = (frame,)
+        else:
+            frames = (header.to(self.device),)
+            if tensors:
+                frames += (torch.empty(size, dtype=torch.uint8, device=self.device),)
         for t, at in zip(tensors, offsets):
-            frame[at:at + t.nbytes].view(t.dtype).view(t.shape).copy_(t.detach())
-        if not self._packed:
-            return header + (frame,)
-        frame[:_HEADER].copy_(header.view(torch.uint8))
-        return (frame,)
+            frames[-1][at:at + t.nbytes].view(t.dtype).view(t.shape).copy_(t.detach())
+        for frame in frames:
+            self.group.send([frame], self._to, 0).wait()
+        self._sent_at = time.monotonic()
 
     def _tensors(self, kind: int, frame: Tensor) -> tuple[Tensor, ...]:
         """The tensors of a message of ``kind`` in ``frame``, as views."""
@@ -176,10 +193,10 @@ class Link:
         return tuple(frame[at:at + s.nbytes].view(s.dtype).view(s.shape) for s, at in zip(specs, offsets))
 
     def hang_up(self) -> None:
-        """Sending end: CLOSE goes after the messages already queued, and the thread ends (once)."""
-        if not self._hung_up:
-            self._hung_up = True
-            self._box.put(Message(KIND_CLOSE, 0, 0.0, self._frames(KIND_CLOSE, 0, 0.0, ())), force=True)
+        """Sending end: CLOSE goes after every message sent so far, and the thread ends; later
+        ``put``s raise ``Aborted``. Returns at once; idempotent."""
+        self._hung_up = True
+        self._hang_up.set()
 
     @property
     def thread(self) -> threading.Thread:
@@ -190,13 +207,12 @@ class Link:
         try:
             if self.device.type == "cuda":
                 torch.cuda.set_device(self.device)
-            ping = self._frames(KIND_PING, 0, 0.0, ())
-            while True:
-                message = self._box.get(timeout=PING_S) or Message(KIND_PING, 0, 0.0, ping)
-                for frame in message.tensors:
-                    self.group.send([frame], self._to, 0).wait()
-                if message.kind == KIND_CLOSE:
-                    return
+            while not self._hang_up.wait(max(0.0, self._sent_at + PING_S - time.monotonic())):
+                with self._lock:
+                    if not self._hung_up and time.monotonic() - self._sent_at >= PING_S:
+                        self._send(KIND_PING, 0, 0.0, ())
+            with self._lock:
+                self._send(KIND_CLOSE, 0, 0.0, ())
         except BaseException as exc:  # noqa: BLE001 - the run's failure, seen from this link
             self.health.lost(self.name, self.peer, exc)
 
