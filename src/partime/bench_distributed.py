@@ -84,7 +84,7 @@ def _cpu_seconds() -> float:
     return times.user + times.system
 
 
-def bench_distributed(samples: int = 300, size: int = 32, layers: int = 12, *, channels: int = 32,
+def bench_distributed(samples: int = 300, size: int = 32, layers: int = 16, *, channels: int = 32,
                       modes: Sequence[str] = ("inference", "learning"), warmup: int = 20, blocks: int = 5,
                       seed: int = 0, progress: Callable[[str], None] | None = None) -> list[dict[str, Any]] | None:
     """``partime.bench.run_bench`` for this executor: every rank calls it, under torchrun.
