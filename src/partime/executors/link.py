@@ -27,6 +27,7 @@ per hop; the ranks call the process group's own ``send``/``recv`` and wait at on
 
 from __future__ import annotations
 
+import struct
 import threading
 import time
 from collections import deque
@@ -129,9 +130,11 @@ class Link:
         self._hang_up = threading.Event()
         # A send is over once ``wait`` returns (on a GPU, for the stream of whoever sends next), so
         # a packed link reuses one frame.
-        self._frame = None
-        if sending and self._packed:
-            self._frame = torch.empty(self._layouts[KIND_DATA][1], dtype=torch.uint8, device=self.device)
+        self._frame: tuple[Tensor, Any, tuple[Tensor, ...]] | None = None
+        if sending and self._packed and self.device.type == "cpu":
+            frame = torch.empty(self._layouts[KIND_DATA][1], dtype=torch.uint8)
+            header = frame[:_HEADER].view(torch.float64).numpy()  # written in place: no tensor per message
+            self._frame = (frame, header, self._tensors(KIND_DATA, frame))
         self._box = Mailbox()
         self._control = deliver is not None
         self._deliver = deliver or self._box.put
@@ -169,22 +172,33 @@ class Link:
 
     def _send(self, kind: int, index: int, scalar: float, tensors: Sequence[Tensor]) -> None:
         """Put the message on the wire; the caller holds the lock."""
-        header = torch.tensor([kind, index, scalar], dtype=torch.float64).view(torch.uint8)
-        offsets, size = self._layouts[KIND_DATA if self._packed else kind] if tensors or self._packed else ((), 0)
-        frames: tuple[Tensor, ...] = ()
-        if self._packed:
-            frame = self._frame if self._frame is not None else torch.empty(size, dtype=torch.uint8, device=self.device)
-            frame[:_HEADER].copy_(header)
-            frames = (frame,)
+        if self._frame is not None:  # the common case, made cheap: a packed link on the CPU
+            frame, header, slots = self._frame
+            header[0], header[1], header[2] = kind, index, scalar
+            for slot, t in zip(slots, tensors):
+                slot.copy_(t.detach())
+            frames: tuple[Tensor, ...] = (frame,)
         else:
-            frames = (header.to(self.device),)
-            if tensors:
-                frames += (torch.empty(size, dtype=torch.uint8, device=self.device),)
-        for t, at in zip(tensors, offsets):
-            frames[-1][at:at + t.nbytes].view(t.dtype).view(t.shape).copy_(t.detach())
+            frames = self._frames(kind, index, scalar, tensors)
         for frame in frames:
             self.group.send([frame], self._to, 0).wait()
         self._sent_at = time.monotonic()
+
+    def _frames(self, kind: int, index: int, scalar: float, tensors: Sequence[Tensor]) -> tuple[Tensor, ...]:
+        """The message as the frames that go on the wire, newly made."""
+        header = torch.tensor([kind, index, scalar], dtype=torch.float64).view(torch.uint8)
+        if not self._packed:
+            header = (header.to(self.device),)
+            if not tensors:
+                return header
+        offsets, size = self._layouts[KIND_DATA if self._packed else kind]
+        frame = torch.empty(size, dtype=torch.uint8, device=self.device)
+        for t, at in zip(tensors, offsets):
+            frame[at:at + t.nbytes].view(t.dtype).view(t.shape).copy_(t.detach())
+        if not self._packed:
+            return header + (frame,)
+        frame[:_HEADER].copy_(header)
+        return (frame,)
 
     def _tensors(self, kind: int, frame: Tensor) -> tuple[Tensor, ...]:
         """The tensors of a message of ``kind`` in ``frame``, as views."""
@@ -227,7 +241,7 @@ class Link:
                 torch.cuda.set_device(self.device)
             while True:
                 frame = self._receive(self._layouts[KIND_DATA][1] if self._packed else _HEADER)
-                kind, index, scalar = frame[:_HEADER].view(torch.float64).tolist()
+                kind, index, scalar = struct.unpack_from("=3d", frame[:_HEADER].cpu().numpy())
                 kind, index = int(kind), int(index)
                 if kind == KIND_CLOSE:
                     if self._control:  # the other end of a control link needs to hear it
