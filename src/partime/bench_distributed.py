@@ -29,7 +29,8 @@ from .values import TensorSpec
 
 def measure_link_hop(nbytes: int = 65536, rounds: int = 1000) -> dict[str, float] | None:
     """The cost of one hop of a float32 tensor of ``nbytes`` between ranks 0 and 1: over a bare
-    gloo ``send``/``recv``, and over this executor's links (queues, threads, a frame with a header).
+    gloo ``send``/``recv``, and over this executor's links (a frame with a header, sent at once; a
+    receiving thread that queues it for ``get``).
 
     Every rank calls it (it makes process groups); rank 0 gets ``hop_us_median`` (links) and
     ``raw_hop_us_median`` (bare) in microseconds, each half the median round trip after as many

@@ -7,7 +7,7 @@ and ``flush`` return results there; the last rank sends them back::
     rank 0                      rank 1                       rank D-1
     caller ──x──► stage 0 ──a──► stage 1 ──a──► … ──a──► stage D-1 ──result──► caller (rank 0)
                   stage 0 ◄──g── stage 1 ◄──g── … ◄──g── stage D-1 ◄──target── caller (rank 0)
-    caller ──permits, snapshot requests──► every rank ──weights──► caller
+    caller ──permits (learning), snapshot requests──► every rank ──weights──► caller
 
 Each stage runs ``worker.run_segment``, the loop the process executor's workers run: on rank 0 in a
 thread beside the caller (which only feeds samples and takes results), on the other ranks in the
