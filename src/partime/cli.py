@@ -103,6 +103,8 @@ def _print_bench(console: Console, rows: list[dict], size: int, layers: int, sam
     first = rows[0]
     console.print(f"hop cost (median, one put + get between processes): 64 KB {first['hop_64kb_us']:.1f} µs, "
                   f"one activation ({first['activation_bytes'] // 1024} KB) {first['hop_activation_us']:.1f} µs"
+                  + ("" if first.get("hop_64kb_raw_us") is None else f"; 64 KB by a bare gloo send/recv "
+                                                                         f"{first['hop_64kb_raw_us']:.1f} µs")
                   + ("" if first.get("hop_others_busy") is None else f" (others {first['hop_others_busy']:.0%})"))
     console.print(f"{os.cpu_count()} cores; batch-1 frames 3x{size}x{size}; a stem and {layers} blocks of 5x5 conv "
                   f"(32 channels) + ReLU; median over 5 blocks of {samples} samples")
