@@ -128,8 +128,8 @@ class Link:
         self._sent_at = time.monotonic()
         self._hung_up = False
         self._hang_up = threading.Event()
-        # A send is over once ``wait`` returns (on a GPU, for the stream of whoever sends next), so
-        # a packed link reuses one frame.
+        # On the CPU a send is over once ``wait`` returns, so a packed link reuses one frame (on a
+        # GPU ``wait`` only orders streams: a new frame per message there).
         self._frame: tuple[Tensor, Any, tuple[Tensor, ...]] | None = None
         if sending and self._packed and self.device.type == "cpu":
             frame = torch.empty(self._layouts[KIND_DATA][1], dtype=torch.uint8)
