@@ -21,6 +21,8 @@ from torch import nn
 import partime
 
 from models import Join, Pair, classification_stream, mlp, reconstruction_loss
+from test_nonfinite import scaled_loss
+from test_nonfinite import stream as nonfinite_stream
 
 BALANCES = {2: [3, 4], 3: [2, 3, 2]}
 TUPLE_BALANCES = {2: [2, 2], 3: [2, 1, 1]}  # the first boundary carries a tuple
@@ -53,6 +55,16 @@ def run(executor, model, balance, xs, ys=None, **kw):
     with partime.Pipeline(model, balance, executor=executor, threads=1, **kw) as pipe:
         results = [(r.index, r.output, r.loss) for r in pipe.stream(xs, ys)]
         return results, [p.detach().clone() for p in pipe.module.parameters()], pipe.partition
+
+
+def skipping(executor, depth, grad_mode=None):
+    """A stream with holes (NaN inputs) and, when learning, infinite losses, under ``nonfinite="skip"``:
+    each result as (index, output, loss, skipped), and the trained weights (rank 0)."""
+    xs, ys = nonfinite_stream(SAMPLES, holes=(0, 7, 8, 21, 39), infinite=(3, 8, 12, 13, 38) if grad_mode else ())
+    kw = dict(loss_fn=scaled_loss, optimizer=OPTIMIZERS["sgd"], grad_mode=grad_mode) if grad_mode else {}
+    with partime.Pipeline(mlp(), BALANCES[depth], executor=executor, threads=1, nonfinite="skip", **kw) as pipe:
+        results = [(r.index, r.output, r.loss, r.skipped) for r in pipe.stream(xs, ys if grad_mode else None)]
+        return results, [p.detach().clone() for p in pipe.module.parameters()]
 
 
 def trace(executor, depth):
@@ -131,6 +143,9 @@ def rank_main(scenario, out):
         seen["tuple"] = run("distributed", tuple_model(), TUPLE_BALANCES[depth], xs, loss_fn=reconstruction_loss,
                             optimizer=OPTIMIZERS["sgd"], grad_mode="weight-stash")
         seen["trace"] = trace("distributed", depth)
+        seen["skip inference"] = skipping("distributed", depth)
+        for grad_mode in LEARNING:
+            seen[f"skip {grad_mode}"] = skipping("distributed", depth, grad_mode)
         if rank == 0:
             torch.save(seen, Path(out, "seen.pt"))
     elif scenario == "mismatch":  # rank 1 was given another model
@@ -241,6 +256,21 @@ def test_steps_flushes_and_weights_between_ticks_match_inline(ranks):
             assert all(torch.equal(p, q) for p, q in zip(a, b, strict=True))
         else:
             assert a == b
+
+
+@pytest.mark.parametrize("grad_mode", [None, *LEARNING])
+def test_skipped_samples_match_inline(ranks, grad_mode):
+    depth, seen = ranks
+    results, params = seen[f"skip {grad_mode or 'inference'}"]
+    expected, expected_params = skipping("inline", depth, grad_mode)
+    assert [r[0] for r in results] == list(range(SAMPLES))
+    assert sum(r[3] for r in results) == (9 if grad_mode else 5)
+    for (i, out, loss, skipped), (_, out_e, loss_e, skipped_e) in zip(results, expected, strict=True):
+        assert (skipped, loss) == (skipped_e, loss_e), i
+        assert (out is None and out_e is None) or torch.equal(out, out_e), i
+    assert all(torch.equal(p, q) for p, q in zip(params, expected_params, strict=True))
+    if grad_mode:
+        assert not torch.equal(params[0], next(mlp().parameters()))  # it learnt
 
 
 @pytest.mark.parametrize("scenario", ["raise", "vanish"])

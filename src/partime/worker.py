@@ -12,6 +12,9 @@ A link is anything with ``put(kind, index, tensors=(), scalar=0.0, *, check=None
 ``get(*, check=None) -> Message`` (``transport.Channel`` is one); ``check`` is called while a
 link waits and raises to abort.
 
+The caller's ends of those links (samples and targets in, results out) are shared too: ``Feeder``
+and ``result_of``.
+
 For checkpoints, ``run_segment`` notes in a ``Sent`` what a stage sent its neighbours during its
 last tick (what they take at the next one: the values in transit at a tick boundary), and a
 resumed stage starts at the checkpoint's tick with those values waiting on its links
@@ -29,10 +32,11 @@ from typing import Any, Callable
 from torch import Tensor
 
 from . import schedule
-from .executors.base import Layout
+from .checkpoint import message as transit_message
+from .executors.base import Layout, Result
 from .stage import Stage
 from .transport import KIND_DATA, KIND_END, KIND_SKIP, Message, wait
-from .values import as_tensors, rebuild
+from .values import ValueSpec, as_tensors, rebuild
 
 
 @dataclass
@@ -86,6 +90,53 @@ class _Primed:
 
     def put(self, *args: Any, **kwargs: Any) -> None:
         self.link.put(*args, **kwargs)
+
+
+class Feeder:
+    """The caller's end of stage 0's input link and of the last stage's target link (or None).
+
+    It remembers the targets fed that the last stage has not used yet (the ``"targets"`` of a
+    checkpoint's transit): the last stage takes sample s's target in the tick where sample
+    s + depth - 1 is fed.
+    """
+
+    def __init__(self, inputs: Any, targets: Any | None, depth: int):
+        self.inputs, self.targets, self.depth = inputs, targets, depth
+        self._unused: deque[dict[str, Any]] = deque()
+
+    def feed(self, index: int, x: Any, y: Any, check: Callable[[], None]) -> None:
+        """Send sample ``index`` and its target; ``x`` None is a skipped sample: a hole, sent without a target."""
+        if x is None:
+            self.inputs.put(KIND_SKIP, index, check=check)
+        else:
+            self.inputs.put(KIND_DATA, index, as_tensors(x, "sample"), check=check)
+            if self.targets is not None:
+                self.target(index, as_tensors(y, "target"), check)
+        while self._unused and self._unused[0]["sample"] <= index - (self.depth - 1):
+            self._unused.popleft()  # taken by the last stage in this sample's tick
+
+    def target(self, index: int, tensors: tuple[Tensor, ...], check: Callable[[], None]) -> None:
+        """Send sample ``index``'s target (also: a checkpoint's targets in transit, when resuming)."""
+        self.targets.put(KIND_DATA, index, tensors, check=check)
+        if self.depth > 1:  # with one stage, a target is used in the tick it is fed
+            self._unused.append(transit_message(index, tensors))
+
+    def end(self, samples: int, check: Callable[[], None]) -> None:
+        """End the segment, which had ``samples`` samples."""
+        self.inputs.put(KIND_END, samples, check=check)
+        self._unused.clear()
+
+    def in_transit(self) -> list[dict[str, Any]]:
+        """The targets fed that the last stage has not used yet, as ``checkpoint.message`` dicts."""
+        return list(self._unused)
+
+
+def result_of(message: Message, output: ValueSpec, learning: bool) -> Result:
+    """The ``Result`` a message on the last stage's result link stands for."""
+    if not message.tensors:  # a skipped input: it never went forward
+        return Result(message.index, None, None, skipped=True)
+    return Result(message.index, rebuild(output, message.tensors), message.scalar if learning else None,
+                  skipped=message.kind == KIND_SKIP)
 
 
 def resumed_links(links: Links, activation: dict[str, Any] | None, gradient: dict[str, Any] | None) -> Links:

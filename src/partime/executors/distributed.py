@@ -51,9 +51,9 @@ from .. import schedule
 from ..errors import PipelineClosedError
 from ..partition import check_balance, split
 from ..stage import Stage, StageConfig
-from ..transport import KIND_DATA, KIND_END, POLL_S, Aborted, Channel, Message, wait
-from ..values import TensorSpec, as_tensors, rebuild
-from ..worker import Links, Where, run_segment
+from ..transport import KIND_DATA, POLL_S, Aborted, Channel, Message, wait
+from ..values import TensorSpec
+from ..worker import Feeder, Links, Where, result_of, run_segment
 from .base import LOOKAHEAD, Executor, Layout, Result
 from .link import KIND_CLOSE, KIND_PERMIT, KIND_SNAPSHOT, KIND_STATE, Permits
 from .ranks import CLOSE_S, Run, Wire, join_group
@@ -139,6 +139,7 @@ class DistributedExecutor(Executor):
         self._targets = None
         if layout.target is not None:
             self._targets = run.link("target") or _local(layout.target.tensors, depth + 1 + LOOKAHEAD, "target")
+        self._feeder = Feeder(self._inputs, self._targets, depth)
         self._permits, self._ticks = Permits(0), threading.Semaphore(0)
         links = Links(
             index=0, layout=layout, act_in=self._inputs, act_out=run.link("activation 0->1"),
@@ -162,15 +163,13 @@ class DistributedExecutor(Executor):
             health.stage_failed(where, exc)
 
     def feed(self, index: int, x: Any, y: Any) -> None:
-        check = self._run.health.check
-        self._inputs.put(KIND_DATA, index, as_tensors(x, "sample"), check=check)
-        if self._targets is not None:
-            self._targets.put(KIND_DATA, index, as_tensors(y, "target"), check=check)
+        """Offer sample ``index``; ``x`` None is a skipped sample: a hole, sent without a target."""
+        self._feeder.feed(index, x, y, self._run.health.check)
         self._offer(1)
         self._fed += 1
 
     def end(self) -> None:
-        self._inputs.put(KIND_END, self._fed, check=self._run.health.check)
+        self._feeder.end(self._fed, self._run.health.check)
         self._offer(schedule.segment_ticks(self._fed, self.depth, self.config.learning) - self._fed)
         self._fed = 0
 
@@ -184,9 +183,7 @@ class DistributedExecutor(Executor):
             self._run.link(f"control 0->{r}").put(KIND_PERMIT, self._offered, check=self._run.health.check)
 
     def next_result(self) -> Result:
-        message = self._results.get(check=self._run.health.check)
-        output = rebuild(self._layout.output, message.tensors)
-        return Result(message.index, output, message.scalar if self.config.learning else None)
+        return result_of(self._results.get(check=self._run.health.check), self._layout.output, self.config.learning)
 
     def sync(self) -> None:
         """Wait until every stage has run every tick offered, and fetch the weights of ranks > 0."""

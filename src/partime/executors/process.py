@@ -35,7 +35,6 @@ import logging
 import os
 import signal
 import sys
-from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,10 +47,8 @@ from .. import schedule
 from ..checkpoint import message
 from ..errors import StageError, WorkerDiedError
 from ..stage import Stage, StageConfig
-from ..transport import KIND_DATA, KIND_END, KIND_SKIP, POLL_S, Aborted, Channel, wait
-from ..values import as_tensors, rebuild
-
-from ..worker import Links, Sent, Where, resumed_links, run_segment
+from ..transport import POLL_S, Aborted, Channel, wait
+from ..worker import Feeder, Links, Sent, Where, result_of, resumed_links, run_segment
 from .base import LOOKAHEAD, Executor, Layout, Result
 
 log = logging.getLogger(__name__)
@@ -95,8 +92,6 @@ class ProcessExecutor(Executor):
         self._seen = [0] * depth  # ticks of each worker counted by sync
         self._offered = 0  # ticks offered to the stages, over all segments
         self._fed = 0  # samples fed in this segment
-        # the targets the last stage has not used yet (for a checkpoint): the last D - 1 fed
-        self._recent_targets: deque[dict[str, Any]] = deque(maxlen=depth - 1)
         self._asks = [ctx.Semaphore(0) for _ in range(depth)]
         pipes = [ctx.Pipe(duplex=False) for _ in range(depth)]
         self._answers = [receiver for receiver, _ in pipes]
@@ -117,6 +112,7 @@ class ProcessExecutor(Executor):
             self._targets = Channel(ctx, layout.target.tensors, depth + 1 + LOOKAHEAD, name="target", spin_s=0)
         self._results = Channel(ctx, layout.output.tensors, CAPACITY, name="result", spin_s=0)
         self._inputs = acts[0]
+        self._feeder = Feeder(self._inputs, self._targets, depth)
         # Held for the executor's life: a semaphore the caller lets go of is unlinked, and a worker
         # that opens it later (the spawn start method rebuilds them in the child) fails.
         self._channels = [*acts, *grads, self._results] + ([self._targets] if self._targets else [])
@@ -151,34 +147,23 @@ class ProcessExecutor(Executor):
         if transit is not None:
             self._fed = transit["tick"]
             for target in transit["targets"]:
-                self._put_target(target["sample"], tuple(target["tensors"]))
+                self._feeder.target(target["sample"], tuple(target["tensors"]), self._check)
 
     def feed(self, index: int, x: Any, y: Any) -> None:
         """Offer sample ``index``; ``x`` None is a skipped sample: a hole, sent without a target."""
         if self._segment is None or self._segment[2] is not None:
             # a new segment begins with this sample (or, resumed from a checkpoint, ``_fed`` ticks ago)
             self._segment = [self._offered - self._fed, index - self._fed, None]
-        if x is None:
-            self._inputs.put(KIND_SKIP, index, check=self._check)
-        else:
-            self._inputs.put(KIND_DATA, index, as_tensors(x, "sample"), check=self._check)
-            if self._targets is not None:
-                self._put_target(index, as_tensors(y, "target"))
+        self._feeder.feed(index, x, y, self._check)
         self._offer(1)
         self._fed += 1
-
-    def _put_target(self, index: int, tensors: tuple[Any, ...]) -> None:
-        self._targets.put(KIND_DATA, index, tensors, check=self._check)
-        if self._recent_targets.maxlen:
-            self._recent_targets.append(message(index, tensors))
 
     def end(self) -> None:
         if self._segment is not None:
             self._segment[2] = self._fed
-        self._inputs.put(KIND_END, self._fed, check=self._check)
+        self._feeder.end(self._fed, self._check)
         self._offer(schedule.segment_ticks(self._fed, self.depth, self.config.learning) - self._fed)
         self._fed = 0
-        self._recent_targets.clear()
 
     def state_dict(self) -> dict[str, Any]:
         self.sync()
@@ -194,7 +179,7 @@ class ProcessExecutor(Executor):
             transit = {"tick": self._fed,
                        "acts": [None] + [a["activation"] for a in answers[:-1]],
                        "grads": [a["gradient"] for a in answers[1:]] + [None],
-                       "targets": list(self._recent_targets)}
+                       "targets": self._feeder.in_transit()}
         return {"stages": [a["stage"] for a in answers], "transit": transit}
 
     def _offer(self, ticks: int) -> None:
@@ -205,12 +190,7 @@ class ProcessExecutor(Executor):
         self._offered += ticks
 
     def next_result(self) -> Result:
-        message = self._results.get(check=self._check)
-        if not message.tensors:  # a skipped input: it never went forward
-            return Result(message.index, None, None, skipped=True)
-        output = rebuild(self._layout.output, message.tensors)
-        loss = message.scalar if self.config.learning else None
-        return Result(message.index, output, loss, skipped=message.kind == KIND_SKIP)
+        return result_of(self._results.get(check=self._check), self._layout.output, self.config.learning)
 
     def sync(self) -> None:
         for i, ticks in enumerate(self._ticks):
@@ -233,7 +213,7 @@ class ProcessExecutor(Executor):
                 proc.join()
         self._errors.close()
         # Let go of the channels and semaphores, so that their segments are unlinked now.
-        self._channels = self._inputs = self._targets = self._results = None
+        self._channels = self._inputs = self._targets = self._results = self._feeder = None
         self._permits = self._ticks = self._asks = self._answers = []
 
     def _check(self) -> None:
