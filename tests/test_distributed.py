@@ -39,6 +39,8 @@ COMPENSATED = dict(loss_fn=nn.CrossEntropyLoss(), optimizer=OPTIMIZERS["sgd"], g
                    compensation=("lr-scale", "weight-prediction"))
 SAMPLES = 40
 FAIL_AT = 13
+STOP = 17  # a checkpoint is taken after this many steps, in the middle of the segment
+CHECKPOINTED = [None, *LEARNING]  # inference, and learning in each grad mode
 
 
 def tuple_model():
@@ -64,6 +66,34 @@ def skipping(executor, depth, grad_mode=None):
     kw = dict(loss_fn=scaled_loss, optimizer=OPTIMIZERS["sgd"], grad_mode=grad_mode) if grad_mode else {}
     with partime.Pipeline(mlp(), BALANCES[depth], executor=executor, threads=1, nonfinite="skip", **kw) as pipe:
         results = [(r.index, r.output, r.loss, r.skipped) for r in pipe.stream(xs, ys if grad_mode else None)]
+        return results, [p.detach().clone() for p in pipe.module.parameters()]
+
+
+def play(pipe, samples, xs, ys):
+    """Step through ``samples``: the results that came out, as (index, output, loss)."""
+    results = [pipe.step(xs[s], None if ys is None else ys[s]) for s in samples]
+    return [(r.index, r.output, r.loss) for r in results if r is not None]
+
+
+def stopped(executor, depth, grad_mode, path):
+    """Run the first ``STOP`` samples and save a checkpoint to ``path``: the results."""
+    xs, ys = classification_stream(SAMPLES)
+    kw = learning(grad_mode) if grad_mode else {}
+    with partime.Pipeline(mlp(), BALANCES[depth], executor=executor, threads=1, **kw) as pipe:
+        results = play(pipe, range(STOP), xs, ys if grad_mode else None)
+        pipe.save(path)
+        return results
+
+
+def resumed(executor, depth, grad_mode, path):
+    """Load the checkpoint in ``path`` into a pipeline with other weights and run the rest of the
+    stream: the results and the trained weights."""
+    xs, ys = classification_stream(SAMPLES)
+    kw = learning(grad_mode) if grad_mode else {}
+    with partime.Pipeline(mlp(seed=1), BALANCES[depth], executor=executor, threads=1, **kw) as pipe:
+        pipe.load(path)
+        results = play(pipe, range(pipe.fed, SAMPLES), xs, ys if grad_mode else None)
+        results += [(r.index, r.output, r.loss) for r in pipe.flush()]
         return results, [p.detach().clone() for p in pipe.module.parameters()]
 
 
@@ -146,6 +176,18 @@ def rank_main(scenario, out):
         seen["skip inference"] = skipping("distributed", depth)
         for grad_mode in LEARNING:
             seen[f"skip {grad_mode}"] = skipping("distributed", depth, grad_mode)
+        if rank == 0:
+            torch.save(seen, Path(out, "seen.pt"))
+    elif scenario == "checkpoint":
+        seen = {}
+        for grad_mode in CHECKPOINTED:
+            name = grad_mode or "inference"
+            first = stopped("distributed", depth, grad_mode, Path(out, f"{name}.pt"))
+            rest, params = resumed("distributed", depth, grad_mode, Path(out, f"{name}.pt"))
+            seen[name] = first + rest, params
+            if rank == 0:
+                stopped("inline", depth, grad_mode, Path(out, f"{name} inline.pt"))
+            seen[f"{name} from inline"] = resumed("distributed", depth, grad_mode, Path(out, f"{name} inline.pt"))
         if rank == 0:
             torch.save(seen, Path(out, "seen.pt"))
     elif scenario == "mismatch":  # rank 1 was given another model
@@ -269,6 +311,43 @@ def test_skipped_samples_match_inline(ranks, grad_mode):
         assert (skipped, loss) == (skipped_e, loss_e), i
         assert (out is None and out_e is None) or torch.equal(out, out_e), i
     assert all(torch.equal(p, q) for p, q in zip(params, expected_params, strict=True))
+    if grad_mode:
+        assert not torch.equal(params[0], next(mlp().parameters()))  # it learnt
+
+
+@pytest.fixture(scope="module", params=[2, 3], ids=["2 ranks", "3 ranks"])
+def checkpoints(request, tmp_path_factory):
+    """What rank 0 saw of runs stopped, saved and resumed, with ``request.param`` ranks; and where
+    the checkpoints are."""
+    depth = request.param
+    out = tmp_path_factory.mktemp(f"checkpoints{depth}")
+    codes, _, logs = launch(out, depth, "checkpoint")
+    assert codes == [0] * depth, "\n\n".join(logs)
+    return depth, torch.load(Path(out, "seen.pt"), weights_only=False), out
+
+
+def assert_same_results(a, b):
+    assert [r[0] for r in a] == [r[0] for r in b]
+    for (i, out_a, loss_a), (_, out_b, loss_b) in zip(a, b, strict=True):
+        assert torch.equal(out_a, out_b) and loss_a == loss_b, i
+
+
+@pytest.mark.parametrize("grad_mode", CHECKPOINTED)
+def test_a_run_stopped_mid_segment_resumes_exactly_from_a_checkpoint(checkpoints, grad_mode):
+    depth, seen, out = checkpoints
+    name = grad_mode or "inference"
+    xs, ys = classification_stream(SAMPLES)
+    kw = learning(grad_mode) if grad_mode else {}
+    whole = run("inline", mlp(), BALANCES[depth], xs, ys if grad_mode else None, **kw)
+    results, params = seen[name]  # stopped, saved, resumed in a new pipeline: all distributed
+    assert_same(whole, (results, params, None))
+    rest, params = seen[f"{name} from inline"]  # resumed from a checkpoint of the inline executor
+    assert rest[0][0] == STOP - (depth - 1)
+    assert_same_results(rest, whole[0][rest[0][0]:])
+    assert all(torch.equal(p, q) for p, q in zip(params, whole[1], strict=True))
+    rest, params = resumed("inline", depth, grad_mode, Path(out, f"{name}.pt"))  # the other way round
+    assert_same_results(rest, whole[0][rest[0][0]:])
+    assert all(torch.equal(p, q) for p, q in zip(params, whole[1], strict=True))
     if grad_mode:
         assert not torch.equal(params[0], next(mlp().parameters()))  # it learnt
 

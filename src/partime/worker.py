@@ -77,6 +77,64 @@ class Sent:
     activation: tuple[int, tuple[Tensor, ...] | None] | None = None
     gradient: tuple[int, tuple[Tensor, ...] | None] | None = None
 
+    def note(self, tick: int) -> None:
+        """Tick ``tick`` (of its segment) is over: what it sent is in ``activation`` and ``gradient``."""
+
+
+class SentLog(Sent):
+    """A ``Sent`` that also keeps what the stage sent in each of its last ``ticks`` ticks: for a
+    stage that may run ahead of the tick a checkpoint is taken at (ungated, in inference)."""
+
+    def __init__(self, ticks: int):
+        super().__init__()
+        self._log: deque[tuple[int, Sent]] = deque(maxlen=ticks)
+
+    def note(self, tick: int) -> None:
+        self._log.append((tick, Sent(self.activation, self.gradient)))
+
+    def at(self, tick: int) -> Sent:
+        """What tick ``tick`` of the current segment sent (nothing, for a tick before the first)."""
+        for noted, sent in reversed(self._log):
+            if noted == tick:
+                return sent
+        if tick < 0:
+            return Sent()
+        raise LookupError(f"tick {tick} is not among the {len(self._log)} ticks noted: "
+                          f"{[t for t, _ in self._log]}")
+
+
+def stage_answer(stage: Stage, sent: Sent) -> dict[str, Any]:
+    """One stage's part of a checkpoint: its state and what it sent during the tick before it."""
+    def value(v: tuple[int, tuple[Tensor, ...] | None] | None) -> dict[str, Any] | None:
+        return None if v is None else transit_message(*v)
+
+    return {"stage": stage.state_dict(), "activation": value(sent.activation), "gradient": value(sent.gradient)}
+
+
+def executor_state(answers: list[dict[str, Any]], tick: int, targets: list[dict[str, Any]]) -> dict[str, Any]:
+    """An executor's ``state_dict`` (``executors/base.py``) from every stage's ``stage_answer``, taken
+    ``tick`` ticks into the segment (0: between two segments), and the targets in transit."""
+    transit = None
+    if tick:
+        transit = {"tick": tick, "acts": [None] + [a["activation"] for a in answers[:-1]],
+                   "grads": [a["gradient"] for a in answers[1:]] + [None], "targets": targets}
+    return {"stages": [a["stage"] for a in answers], "transit": transit}
+
+
+def stage_resume(state: dict[str, Any], i: int) -> dict[str, Any]:
+    """What stage ``i`` resumes from, out of an executor's state: for ``resume``."""
+    transit = state["transit"]
+    return {"stage": state["stages"][i], "tick": transit["tick"] if transit else 0,
+            "activation": transit["acts"][i] if transit else None,
+            "gradient": transit["grads"][i] if transit else None}
+
+
+def resume(stage: Stage, links: Links, state: dict[str, Any]) -> tuple[Links, int]:
+    """Make ``stage`` the one ``state`` (``stage_resume``) describes; the links and tick its first
+    ``run_segment`` starts with."""
+    stage.load_state_dict(state["stage"])
+    return resumed_links(links, state["activation"], state["gradient"]), state["tick"]
+
 
 class _Primed:
     """A link whose ``get`` first returns ``messages``, then what ``link`` returns."""
@@ -178,9 +236,10 @@ def _run_ticks(stage: Stage, links: Links, check: Callable[[], None], where: Whe
     while True:
         if n is not None and tick > schedule.last_tick(i, n, depth, learning):
             # done with the segment: the ticks left are ones where this stage has nothing to do
-            for _ in range(schedule.segment_ticks(n, depth, learning) - tick):
+            for idle in range(tick, schedule.segment_ticks(n, depth, learning)):
                 _start_tick(links, check)
                 sent.activation = sent.gradient = None
+                sent.note(idle)
                 _end_tick(links)
             return
         message = None
@@ -232,6 +291,7 @@ def _run_ticks(stage: Stage, links: Links, check: Callable[[], None], where: Whe
                 grad = stage.backward(s, rebuild(links.layout.activations[i], message.tensors))
             if links.grad_out is not None:
                 sent.gradient = _send(links.grad_out, s, grad, check)
+        sent.note(tick)
         _end_tick(links)
         tick += 1
 

@@ -51,6 +51,9 @@ KIND_STATE = 4
 """A stage's ``state_dict`` tensors: its first weights (0 to r), or a snapshot (r to 0)."""
 KIND_SNAPSHOT = 5
 """Rank 0 to rank r: send the weights as they are once ``index`` ticks are done."""
+KIND_CHECKPOINT = 9
+"""Rank 0 to rank r: put this stage's part of a checkpoint in the store once ``index`` ticks are done
+(``scalar``: the tick of the segment it is taken at); rank r to 0, without tensors: it is there."""
 KIND_PING = 6
 """Nothing: keeps an idle link inside gloo's timeout."""
 KIND_CLOSE = 7

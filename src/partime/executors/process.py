@@ -30,7 +30,6 @@ their state before their first tick.
 
 from __future__ import annotations
 
-import io
 import logging
 import os
 import signal
@@ -44,11 +43,22 @@ import torch.multiprocessing as mp
 from torch import nn
 
 from .. import schedule
-from ..checkpoint import message
+from ..checkpoint import from_bytes, to_bytes
 from ..errors import StageError, WorkerDiedError
 from ..stage import Stage, StageConfig
 from ..transport import POLL_S, Aborted, Channel, wait
-from ..worker import Feeder, Links, Sent, Where, result_of, resumed_links, run_segment
+from ..worker import (
+    Feeder,
+    Links,
+    Sent,
+    Where,
+    executor_state,
+    result_of,
+    resume,
+    run_segment,
+    stage_answer,
+    stage_resume,
+)
 from .base import LOOKAHEAD, Executor, Layout, Result
 
 log = logging.getLogger(__name__)
@@ -128,11 +138,7 @@ class ProcessExecutor(Executor):
                 targets=self._targets if last else None, results=self._results if last else None,
                 permits=self._permits[i], ticks=self._ticks[i],
             )
-            resume = None
-            if state is not None:
-                resume = _dumps({"stage": state["stages"][i], "tick": transit["tick"] if transit else 0,
-                                 "activation": transit["acts"][i] if transit else None,
-                                 "gradient": transit["grads"][i] if transit else None})
+            resume = None if state is None else to_bytes(stage_resume(state, i))
             worker = _Worker(module, config, self.threads, links, self._stop, self._errors, os.getpid(),
                              self._asks[i], pipes[i][1], resume)
             proc = ctx.Process(target=_work, args=(worker,), name=f"partime-stage-{i}", daemon=True)
@@ -173,14 +179,8 @@ class ProcessExecutor(Executor):
         for pipe in self._answers:
             while not pipe.poll(POLL_S):
                 self._check()
-            answers.append(torch.load(io.BytesIO(pipe.recv_bytes()), weights_only=True))
-        transit = None
-        if self._fed:
-            transit = {"tick": self._fed,
-                       "acts": [None] + [a["activation"] for a in answers[:-1]],
-                       "grads": [a["gradient"] for a in answers[1:]] + [None],
-                       "targets": self._feeder.in_transit()}
-        return {"stages": [a["stage"] for a in answers], "transit": transit}
+            answers.append(from_bytes(pipe.recv_bytes()))
+        return executor_state(answers, self._fed, self._feeder.in_transit())
 
     def _offer(self, ticks: int) -> None:
         """Let every stage run ``ticks`` more ticks."""
@@ -256,16 +256,6 @@ class ProcessExecutor(Executor):
         return None, "waiting", doing
 
 
-def _dumps(value: Any) -> bytes:
-    buffer = io.BytesIO()
-    torch.save(value, buffer)
-    return buffer.getvalue()
-
-
-def _message(sent: tuple[int, tuple[Any, ...]] | None) -> dict[str, Any] | None:
-    return None if sent is None else message(*sent)
-
-
 def _death(proc: Any) -> str:
     code = proc.exitcode
     if code is not None and code < 0:
@@ -292,8 +282,7 @@ def _work(w: _Worker) -> None:
             raise Aborted
         if w.asks.acquire(False):  # the caller asks for this stage's state: every stage is between two ticks
             phase, where.phase = where.phase, "checkpoint"
-            w.answers.send_bytes(_dumps({"stage": stage.state_dict(), "activation": _message(sent.activation),
-                                         "gradient": _message(sent.gradient)}))
+            w.answers.send_bytes(to_bytes(stage_answer(stage, sent)))
             where.phase = phase
 
     code = 0
@@ -303,9 +292,7 @@ def _work(w: _Worker) -> None:
         links, tick = w.links, 0
         if w.resume is not None:
             where.phase = "resume"
-            resume = torch.load(io.BytesIO(w.resume), weights_only=True)
-            stage.load_state_dict(resume["stage"])
-            links, tick = resumed_links(links, resume["activation"], resume["gradient"]), resume["tick"]
+            links, tick = resume(stage, links, from_bytes(w.resume))
         run_segment(stage, links, check, where, tick=tick, sent=sent)
         while True:
             run_segment(stage, w.links, check, where, sent=sent)
