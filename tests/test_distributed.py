@@ -21,6 +21,8 @@ from torch import nn
 import partime
 
 from models import Join, Pair, classification_stream, mlp, reconstruction_loss
+from test_nonfinite import scaled_loss
+from test_nonfinite import stream as nonfinite_stream
 
 BALANCES = {2: [3, 4], 3: [2, 3, 2]}
 TUPLE_BALANCES = {2: [2, 2], 3: [2, 1, 1]}  # the first boundary carries a tuple
@@ -37,6 +39,8 @@ COMPENSATED = dict(loss_fn=nn.CrossEntropyLoss(), optimizer=OPTIMIZERS["sgd"], g
                    compensation=("lr-scale", "weight-prediction"))
 SAMPLES = 40
 FAIL_AT = 13
+STOP = 17  # a checkpoint is taken after this many steps, in the middle of the segment
+CHECKPOINTED = [None, *LEARNING]  # inference, and learning in each grad mode
 
 
 def tuple_model():
@@ -53,6 +57,44 @@ def run(executor, model, balance, xs, ys=None, **kw):
     with partime.Pipeline(model, balance, executor=executor, threads=1, **kw) as pipe:
         results = [(r.index, r.output, r.loss) for r in pipe.stream(xs, ys)]
         return results, [p.detach().clone() for p in pipe.module.parameters()], pipe.partition
+
+
+def skipping(executor, depth, grad_mode=None):
+    """A stream with holes (NaN inputs) and, when learning, infinite losses, under ``nonfinite="skip"``:
+    each result as (index, output, loss, skipped), and the trained weights (rank 0)."""
+    xs, ys = nonfinite_stream(SAMPLES, holes=(0, 7, 8, 21, 39), infinite=(3, 8, 12, 13, 38) if grad_mode else ())
+    kw = dict(loss_fn=scaled_loss, optimizer=OPTIMIZERS["sgd"], grad_mode=grad_mode) if grad_mode else {}
+    with partime.Pipeline(mlp(), BALANCES[depth], executor=executor, threads=1, nonfinite="skip", **kw) as pipe:
+        results = [(r.index, r.output, r.loss, r.skipped) for r in pipe.stream(xs, ys if grad_mode else None)]
+        return results, [p.detach().clone() for p in pipe.module.parameters()]
+
+
+def play(pipe, samples, xs, ys):
+    """Step through ``samples``: the results that came out, as (index, output, loss)."""
+    results = [pipe.step(xs[s], None if ys is None else ys[s]) for s in samples]
+    return [(r.index, r.output, r.loss) for r in results if r is not None]
+
+
+def stopped(executor, depth, grad_mode, path):
+    """Run the first ``STOP`` samples and save a checkpoint to ``path``: the results."""
+    xs, ys = classification_stream(SAMPLES)
+    kw = learning(grad_mode) if grad_mode else {}
+    with partime.Pipeline(mlp(), BALANCES[depth], executor=executor, threads=1, **kw) as pipe:
+        results = play(pipe, range(STOP), xs, ys if grad_mode else None)
+        pipe.save(path)
+        return results
+
+
+def resumed(executor, depth, grad_mode, path):
+    """Load the checkpoint in ``path`` into a pipeline with other weights and run the rest of the
+    stream: the results and the trained weights."""
+    xs, ys = classification_stream(SAMPLES)
+    kw = learning(grad_mode) if grad_mode else {}
+    with partime.Pipeline(mlp(seed=1), BALANCES[depth], executor=executor, threads=1, **kw) as pipe:
+        pipe.load(path)
+        results = play(pipe, range(pipe.fed, SAMPLES), xs, ys if grad_mode else None)
+        results += [(r.index, r.output, r.loss) for r in pipe.flush()]
+        return results, [p.detach().clone() for p in pipe.module.parameters()]
 
 
 def trace(executor, depth):
@@ -131,6 +173,21 @@ def rank_main(scenario, out):
         seen["tuple"] = run("distributed", tuple_model(), TUPLE_BALANCES[depth], xs, loss_fn=reconstruction_loss,
                             optimizer=OPTIMIZERS["sgd"], grad_mode="weight-stash")
         seen["trace"] = trace("distributed", depth)
+        seen["skip inference"] = skipping("distributed", depth)
+        for grad_mode in LEARNING:
+            seen[f"skip {grad_mode}"] = skipping("distributed", depth, grad_mode)
+        if rank == 0:
+            torch.save(seen, Path(out, "seen.pt"))
+    elif scenario == "checkpoint":
+        seen = {}
+        for grad_mode in CHECKPOINTED:
+            name = grad_mode or "inference"
+            first = stopped("distributed", depth, grad_mode, Path(out, f"{name}.pt"))
+            rest, params = resumed("distributed", depth, grad_mode, Path(out, f"{name}.pt"))
+            seen[name] = first + rest, params
+            if rank == 0:
+                stopped("inline", depth, grad_mode, Path(out, f"{name} inline.pt"))
+            seen[f"{name} from inline"] = resumed("distributed", depth, grad_mode, Path(out, f"{name} inline.pt"))
         if rank == 0:
             torch.save(seen, Path(out, "seen.pt"))
     elif scenario == "mismatch":  # rank 1 was given another model
@@ -241,6 +298,58 @@ def test_steps_flushes_and_weights_between_ticks_match_inline(ranks):
             assert all(torch.equal(p, q) for p, q in zip(a, b, strict=True))
         else:
             assert a == b
+
+
+@pytest.mark.parametrize("grad_mode", [None, *LEARNING])
+def test_skipped_samples_match_inline(ranks, grad_mode):
+    depth, seen = ranks
+    results, params = seen[f"skip {grad_mode or 'inference'}"]
+    expected, expected_params = skipping("inline", depth, grad_mode)
+    assert [r[0] for r in results] == list(range(SAMPLES))
+    assert sum(r[3] for r in results) == (9 if grad_mode else 5)
+    for (i, out, loss, skipped), (_, out_e, loss_e, skipped_e) in zip(results, expected, strict=True):
+        assert (skipped, loss) == (skipped_e, loss_e), i
+        assert (out is None and out_e is None) or torch.equal(out, out_e), i
+    assert all(torch.equal(p, q) for p, q in zip(params, expected_params, strict=True))
+    if grad_mode:
+        assert not torch.equal(params[0], next(mlp().parameters()))  # it learnt
+
+
+@pytest.fixture(scope="module", params=[2, 3], ids=["2 ranks", "3 ranks"])
+def checkpoints(request, tmp_path_factory):
+    """What rank 0 saw of runs stopped, saved and resumed, with ``request.param`` ranks; and where
+    the checkpoints are."""
+    depth = request.param
+    out = tmp_path_factory.mktemp(f"checkpoints{depth}")
+    codes, _, logs = launch(out, depth, "checkpoint")
+    assert codes == [0] * depth, "\n\n".join(logs)
+    return depth, torch.load(Path(out, "seen.pt"), weights_only=False), out
+
+
+def assert_same_results(a, b):
+    assert [r[0] for r in a] == [r[0] for r in b]
+    for (i, out_a, loss_a), (_, out_b, loss_b) in zip(a, b, strict=True):
+        assert torch.equal(out_a, out_b) and loss_a == loss_b, i
+
+
+@pytest.mark.parametrize("grad_mode", CHECKPOINTED)
+def test_a_run_stopped_mid_segment_resumes_exactly_from_a_checkpoint(checkpoints, grad_mode):
+    depth, seen, out = checkpoints
+    name = grad_mode or "inference"
+    xs, ys = classification_stream(SAMPLES)
+    kw = learning(grad_mode) if grad_mode else {}
+    whole = run("inline", mlp(), BALANCES[depth], xs, ys if grad_mode else None, **kw)
+    results, params = seen[name]  # stopped, saved, resumed in a new pipeline: all distributed
+    assert_same(whole, (results, params, None))
+    rest, params = seen[f"{name} from inline"]  # resumed from a checkpoint of the inline executor
+    assert rest[0][0] == STOP - (depth - 1)
+    assert_same_results(rest, whole[0][rest[0][0]:])
+    assert all(torch.equal(p, q) for p, q in zip(params, whole[1], strict=True))
+    rest, params = resumed("inline", depth, grad_mode, Path(out, f"{name}.pt"))  # the other way round
+    assert_same_results(rest, whole[0][rest[0][0]:])
+    assert all(torch.equal(p, q) for p, q in zip(params, whole[1], strict=True))
+    if grad_mode:
+        assert not torch.equal(params[0], next(mlp().parameters()))  # it learnt
 
 
 @pytest.mark.parametrize("scenario", ["raise", "vanish"])

@@ -157,8 +157,6 @@ def test_a_non_finite_input_is_refused_by_default_and_the_pipeline_goes_on(execu
             pipe.step((torch.ones(2), torch.tensor([1.0, float("nan")]), torch.ones(2, dtype=torch.long)))
     with pytest.raises(ValueError, match="unknown nonfinite policy 'ignore'; choose one of raise, skip"):
         partime.Pipeline(mlp(), [3, 4], nonfinite="ignore")
-    with pytest.raises(ValueError, match="nonfinite='skip' runs on the inline and process executors"):
-        partime.Pipeline(mlp(), [3, 4], executor="distributed", nonfinite="skip")
 
 
 @pytest.mark.parametrize("executor", ["inline", "process"])

@@ -18,11 +18,16 @@ gives exactly the results of a run that never stopped::
 
 Everything in it is a tensor, a number, a string, a bool, None, or a list or dict of those, so
 ``torch.load(weights_only=True)`` reads it without running any code.
+
+Under the distributed executor rank 0 holds the checkpoint (it gathers every rank's part) and
+gives each rank its part when it resumes; on the other ranks ``state_dict`` is None and ``save``,
+``load`` and ``load_state_dict`` do nothing, so that every rank may run the same script.
 """
 
 from __future__ import annotations
 
 import copy
+import io
 import os
 from collections import deque
 from collections.abc import Mapping
@@ -65,6 +70,18 @@ def message(sample: int, tensors: tuple[Tensor, ...] | list[Tensor] | None) -> d
     """A value in transit (an activation, a gradient, a target) for sample ``sample``, copied;
     ``tensors`` None for a SKIP (a hole going forward, a gradient that will not come back)."""
     return {"sample": int(sample), "tensors": None if tensors is None else [t.detach().clone() for t in tensors]}
+
+
+def to_bytes(value: Any) -> bytes:
+    """``value`` (a checkpoint or a part of one) as the bytes of ``torch.save``, to send to another process."""
+    buffer = io.BytesIO()
+    torch.save(value, buffer)
+    return buffer.getvalue()
+
+
+def from_bytes(data: bytes) -> Any:
+    """What ``to_bytes`` wrote, read with ``weights_only=True`` (tensors on the CPU)."""
+    return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
 
 
 def check_state(state: Any, expected: Mapping[str, Any]) -> None:
@@ -147,7 +164,7 @@ class Checkpoints:
     """What ``Pipeline`` does with checkpoints: ``state_dict``, ``load_state_dict``, ``save`` and
     ``load``. A mixin of ``Pipeline`` only: it reads and sets the pipeline's own counters."""
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> dict[str, Any] | None:
         """The whole state of the pipeline between two ticks, as tensors and plain values.
 
         It holds the weights, the optimizer states, the counters and everything in flight: the
@@ -162,6 +179,8 @@ class Checkpoints:
         ``fed``. Random layers (dropout) draw from their process's generator, which is not in it.
         """
         self._check_checkpoints()
+        if self._rank > 0:
+            return None
         if self._failure is not None or self._state == "closed":
             self._check_open()
         if self._resume is not None:  # loaded and not started yet: that is the state
@@ -200,6 +219,8 @@ class Checkpoints:
         they stop, and stages start from ``state`` at the next sample or ``flush()``.
         """
         self._check_checkpoints()
+        if self._rank > 0:
+            return
         if self._failure is not None or self._state == "closed":
             self._check_open()
         expected = self._identity()
@@ -233,19 +254,21 @@ class Checkpoints:
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write ``state_dict()`` to ``path``, atomically: a crash leaves the previous file whole."""
-        save(self.state_dict(), path)
+        if self._rank == 0:
+            save(self.state_dict(), path)
 
     def load(self, path: str | os.PathLike[str]) -> None:
         """``load_state_dict`` of the checkpoint in ``path``, read with ``torch.load(weights_only=True)``."""
-        self.load_state_dict(load(path))
+        if self._rank == 0:
+            self.load_state_dict(load(path))
 
     # -- internals ------------------------------------------------------------------------------
 
     def _check_checkpoints(self) -> None:
         if not self._executor_class.checkpoints:
             raise NotImplementedError(
-                f"the {self._executor_class.__name__} cannot take or load checkpoints yet; "
-                "the inline and process executors can"
+                f"the {self._executor_class.__name__} cannot take or load checkpoints; "
+                "the inline, process and distributed executors can"
             )
 
     def _identity(self) -> dict[str, Any]:

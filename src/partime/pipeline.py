@@ -86,9 +86,6 @@ class Pipeline(Checkpoints):
         self._executor_class = executor_class(executor)
         if nonfinite not in NONFINITE:
             raise ValueError(f"unknown nonfinite policy {nonfinite!r}; choose one of {', '.join(NONFINITE)}")
-        if nonfinite == "skip" and executor == "distributed":
-            raise ValueError("nonfinite='skip' runs on the inline and process executors; the distributed executor's "
-                             "links carry data only: use nonfinite='raise' there")
         if (loss_fn is None) != (optimizer is None):
             given, missing = ("loss_fn", "optimizer") if optimizer is None else ("optimizer", "loss_fn")
             raise ValueError(

@@ -12,6 +12,9 @@ A link is anything with ``put(kind, index, tensors=(), scalar=0.0, *, check=None
 ``get(*, check=None) -> Message`` (``transport.Channel`` is one); ``check`` is called while a
 link waits and raises to abort.
 
+The caller's ends of those links (samples and targets in, results out) are shared too: ``Feeder``
+and ``result_of``.
+
 For checkpoints, ``run_segment`` notes in a ``Sent`` what a stage sent its neighbours during its
 last tick (what they take at the next one: the values in transit at a tick boundary), and a
 resumed stage starts at the checkpoint's tick with those values waiting on its links
@@ -29,10 +32,11 @@ from typing import Any, Callable
 from torch import Tensor
 
 from . import schedule
-from .executors.base import Layout
+from .checkpoint import message as transit_message
+from .executors.base import Layout, Result
 from .stage import Stage
 from .transport import KIND_DATA, KIND_END, KIND_SKIP, Message, wait
-from .values import as_tensors, rebuild
+from .values import ValueSpec, as_tensors, rebuild
 
 
 @dataclass
@@ -73,6 +77,64 @@ class Sent:
     activation: tuple[int, tuple[Tensor, ...] | None] | None = None
     gradient: tuple[int, tuple[Tensor, ...] | None] | None = None
 
+    def note(self, tick: int) -> None:
+        """Tick ``tick`` (of its segment) is over: what it sent is in ``activation`` and ``gradient``."""
+
+
+class SentLog(Sent):
+    """A ``Sent`` that also keeps what the stage sent in each of its last ``ticks`` ticks: for a
+    stage that may run ahead of the tick a checkpoint is taken at (ungated, in inference)."""
+
+    def __init__(self, ticks: int):
+        super().__init__()
+        self._log: deque[tuple[int, Sent]] = deque(maxlen=ticks)
+
+    def note(self, tick: int) -> None:
+        self._log.append((tick, Sent(self.activation, self.gradient)))
+
+    def at(self, tick: int) -> Sent:
+        """What tick ``tick`` of the current segment sent (nothing, for a tick before the first)."""
+        for noted, sent in reversed(self._log):
+            if noted == tick:
+                return sent
+        if tick < 0:
+            return Sent()
+        raise LookupError(f"tick {tick} is not among the {len(self._log)} ticks noted: "
+                          f"{[t for t, _ in self._log]}")
+
+
+def stage_answer(stage: Stage, sent: Sent) -> dict[str, Any]:
+    """One stage's part of a checkpoint: its state and what it sent during the tick before it."""
+    def value(v: tuple[int, tuple[Tensor, ...] | None] | None) -> dict[str, Any] | None:
+        return None if v is None else transit_message(*v)
+
+    return {"stage": stage.state_dict(), "activation": value(sent.activation), "gradient": value(sent.gradient)}
+
+
+def executor_state(answers: list[dict[str, Any]], tick: int, targets: list[dict[str, Any]]) -> dict[str, Any]:
+    """An executor's ``state_dict`` (``executors/base.py``) from every stage's ``stage_answer``, taken
+    ``tick`` ticks into the segment (0: between two segments), and the targets in transit."""
+    transit = None
+    if tick:
+        transit = {"tick": tick, "acts": [None] + [a["activation"] for a in answers[:-1]],
+                   "grads": [a["gradient"] for a in answers[1:]] + [None], "targets": targets}
+    return {"stages": [a["stage"] for a in answers], "transit": transit}
+
+
+def stage_resume(state: dict[str, Any], i: int) -> dict[str, Any]:
+    """What stage ``i`` resumes from, out of an executor's state: for ``resume``."""
+    transit = state["transit"]
+    return {"stage": state["stages"][i], "tick": transit["tick"] if transit else 0,
+            "activation": transit["acts"][i] if transit else None,
+            "gradient": transit["grads"][i] if transit else None}
+
+
+def resume(stage: Stage, links: Links, state: dict[str, Any]) -> tuple[Links, int]:
+    """Make ``stage`` the one ``state`` (``stage_resume``) describes; the links and tick its first
+    ``run_segment`` starts with."""
+    stage.load_state_dict(state["stage"])
+    return resumed_links(links, state["activation"], state["gradient"]), state["tick"]
+
 
 class _Primed:
     """A link whose ``get`` first returns ``messages``, then what ``link`` returns."""
@@ -86,6 +148,53 @@ class _Primed:
 
     def put(self, *args: Any, **kwargs: Any) -> None:
         self.link.put(*args, **kwargs)
+
+
+class Feeder:
+    """The caller's end of stage 0's input link and of the last stage's target link (or None).
+
+    It remembers the targets fed that the last stage has not used yet (the ``"targets"`` of a
+    checkpoint's transit): the last stage takes sample s's target in the tick where sample
+    s + depth - 1 is fed.
+    """
+
+    def __init__(self, inputs: Any, targets: Any | None, depth: int):
+        self.inputs, self.targets, self.depth = inputs, targets, depth
+        self._unused: deque[dict[str, Any]] = deque()
+
+    def feed(self, index: int, x: Any, y: Any, check: Callable[[], None]) -> None:
+        """Send sample ``index`` and its target; ``x`` None is a skipped sample: a hole, sent without a target."""
+        if x is None:
+            self.inputs.put(KIND_SKIP, index, check=check)
+        else:
+            self.inputs.put(KIND_DATA, index, as_tensors(x, "sample"), check=check)
+            if self.targets is not None:
+                self.target(index, as_tensors(y, "target"), check)
+        while self._unused and self._unused[0]["sample"] <= index - (self.depth - 1):
+            self._unused.popleft()  # taken by the last stage in this sample's tick
+
+    def target(self, index: int, tensors: tuple[Tensor, ...], check: Callable[[], None]) -> None:
+        """Send sample ``index``'s target (also: a checkpoint's targets in transit, when resuming)."""
+        self.targets.put(KIND_DATA, index, tensors, check=check)
+        if self.depth > 1:  # with one stage, a target is used in the tick it is fed
+            self._unused.append(transit_message(index, tensors))
+
+    def end(self, samples: int, check: Callable[[], None]) -> None:
+        """End the segment, which had ``samples`` samples."""
+        self.inputs.put(KIND_END, samples, check=check)
+        self._unused.clear()
+
+    def in_transit(self) -> list[dict[str, Any]]:
+        """The targets fed that the last stage has not used yet, as ``checkpoint.message`` dicts."""
+        return list(self._unused)
+
+
+def result_of(message: Message, output: ValueSpec, learning: bool) -> Result:
+    """The ``Result`` a message on the last stage's result link stands for."""
+    if not message.tensors:  # a skipped input: it never went forward
+        return Result(message.index, None, None, skipped=True)
+    return Result(message.index, rebuild(output, message.tensors), message.scalar if learning else None,
+                  skipped=message.kind == KIND_SKIP)
 
 
 def resumed_links(links: Links, activation: dict[str, Any] | None, gradient: dict[str, Any] | None) -> Links:
@@ -127,9 +236,10 @@ def _run_ticks(stage: Stage, links: Links, check: Callable[[], None], where: Whe
     while True:
         if n is not None and tick > schedule.last_tick(i, n, depth, learning):
             # done with the segment: the ticks left are ones where this stage has nothing to do
-            for _ in range(schedule.segment_ticks(n, depth, learning) - tick):
+            for idle in range(tick, schedule.segment_ticks(n, depth, learning)):
                 _start_tick(links, check)
                 sent.activation = sent.gradient = None
+                sent.note(idle)
                 _end_tick(links)
             return
         message = None
@@ -181,6 +291,7 @@ def _run_ticks(stage: Stage, links: Links, check: Callable[[], None], where: Whe
                 grad = stage.backward(s, rebuild(links.layout.activations[i], message.tensors))
             if links.grad_out is not None:
                 sent.gradient = _send(links.grad_out, s, grad, check)
+        sent.note(tick)
         _end_tick(links)
         tick += 1
 

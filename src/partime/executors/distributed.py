@@ -20,6 +20,15 @@ ticks ``pipe.module`` on rank 0 can fetch every stage's weights: each rank sends
 stay on their ranks. At the first sample rank 0 publishes the cut and every boundary's layout in
 the process group's store and sends each rank its stage's weights, so all ranks start alike.
 
+Skipped samples (``nonfinite="skip"``) travel as the SKIP messages of ``run_segment``: rank 0 feeds
+a hole, and the links carry SKIPs with no tensors (or a result's output, for a skipped loss).
+
+Checkpoints: between two ticks rank 0 asks every rank for its part (``worker.stage_answer``: its
+stage's state and what it sent during the last tick), which each puts in the store, and gathers
+them in the format every executor shares (``executors/base.py``). A rank that runs ahead in
+inference answers with what it sent at that tick (``worker.SentLog``). A resumed pipeline puts
+each rank's part in the store with the cut, and every stage starts at the checkpoint's tick.
+
 Communication: one link per direction and purpose (activations i→i+1, gradients i+1→i, results,
 targets, control 0→r, reply r→0), each a process group of its own with a thread at each end
 (``link.py``, which says how that avoids gloo's traps); failures are published in the store
@@ -48,14 +57,34 @@ import torch
 from torch import nn
 
 from .. import schedule
+from ..checkpoint import from_bytes, to_bytes
 from ..errors import PipelineClosedError
 from ..partition import check_balance, split
 from ..stage import Stage, StageConfig
-from ..transport import KIND_DATA, KIND_END, POLL_S, Aborted, Channel, Message, wait
-from ..values import TensorSpec, as_tensors, rebuild
-from ..worker import Links, Where, run_segment
+from ..transport import KIND_DATA, POLL_S, Aborted, Channel, Message, wait
+from ..values import TensorSpec
+from ..worker import (
+    Feeder,
+    Links,
+    Sent,
+    SentLog,
+    Where,
+    executor_state,
+    result_of,
+    resume,
+    run_segment,
+    stage_answer,
+    stage_resume,
+)
 from .base import LOOKAHEAD, Executor, Layout, Result
-from .link import KIND_CLOSE, KIND_PERMIT, KIND_SNAPSHOT, KIND_STATE, Permits
+from .link import (
+    KIND_CHECKPOINT,
+    KIND_CLOSE,
+    KIND_PERMIT,
+    KIND_SNAPSHOT,
+    KIND_STATE,
+    Permits,
+)
 from .ranks import CLOSE_S, Run, Wire, join_group
 
 log = logging.getLogger(__name__)
@@ -72,6 +101,7 @@ class _Plan:
     layout: Layout
     config: dict[str, Any]  # learning, supervised, grad_mode, compensation
     states: tuple[tuple[tuple[str, TensorSpec], ...], ...]  # every stage's state_dict: names and layouts
+    resumed: bool = False  # each rank's ``stage_resume`` is in the store, under "resume <rank>"
 
 
 def _state_specs(module: nn.Module) -> tuple[tuple[str, TensorSpec], ...]:
@@ -118,15 +148,18 @@ class DistributedExecutor(Executor):
     """
 
     rank = staticmethod(join_group)
+    checkpoints = True
 
-    def start(self, layout: Layout) -> None:
+    def start(self, layout: Layout, state: dict[str, Any] | None = None) -> None:
         depth, config = self.depth, self.config
         self._run = run = Run(0, depth)
         self._layout = layout
         self._names = [[k for k, _ in _state_specs(s)] for s in self.stages]
         self._offered = self._fed = self._seen = self._synced = 0
         plan = _Plan(tuple(len(s) for s in self.stages), layout, _config_key(config),
-                     tuple(_state_specs(s) for s in self.stages))
+                     tuple(_state_specs(s) for s in self.stages), resumed=state is not None)
+        for r in range(1, depth if state is not None else 1):
+            run.store.set(run.prefix + f"resume {r}", to_bytes(stage_resume(state, r)))
         run.store.set(run.prefix + "plan", pickle.dumps(plan))
         run.wait_store("ready", run.health.check, least=depth - 1)  # every rank took the plan
         run.connect(_wires(plan, depth))
@@ -139,38 +172,46 @@ class DistributedExecutor(Executor):
         self._targets = None
         if layout.target is not None:
             self._targets = run.link("target") or _local(layout.target.tensors, depth + 1 + LOOKAHEAD, "target")
+        self._feeder = Feeder(self._inputs, self._targets, depth)
         self._permits, self._ticks = Permits(0), threading.Semaphore(0)
         links = Links(
             index=0, layout=layout, act_in=self._inputs, act_out=run.link("activation 0->1"),
             grad_in=run.link("gradient 1->0"), targets=self._targets if last else None,
             results=self._results if last else None, permits=self._permits, ticks=self._ticks,
         )
+        self._stage, self._sent = Stage(0, self.stages[0], config, run.device), Sent()
+        first, tick = links, 0
+        if state is not None:
+            first, tick = resume(self._stage, links, stage_resume(state, 0))
         self._threads_before = torch.get_num_threads()
-        self._thread = threading.Thread(target=self._stage_zero, args=(links,), name="partime stage 0", daemon=True)
+        self._thread = threading.Thread(target=self._stage_zero, args=(first, tick, links), name="partime stage 0",
+                                        daemon=True)
         self._thread.start()
+        if state is not None and state["transit"] is not None:
+            self._fed = state["transit"]["tick"]
+            for target in state["transit"]["targets"]:
+                self._feeder.target(target["sample"], tuple(target["tensors"]), run.health.check)
 
-    def _stage_zero(self, links: Links) -> None:
-        health, where = self._run.health, Where()
+    def _stage_zero(self, first: Links, tick: int, links: Links) -> None:
+        health, where, stage = self._run.health, Where(), self._stage
         try:
             torch.set_num_threads(self.threads)
-            stage = Stage(0, self.stages[0], self.config, self._run.device)
+            run_segment(stage, first, health.stop_check, where, tick=tick, sent=self._sent)
             while True:
-                run_segment(stage, links, health.stop_check, where)
+                run_segment(stage, links, health.stop_check, where, sent=self._sent)
         except Aborted:
             pass
         except BaseException as exc:  # noqa: BLE001 - every failure reaches the caller as data
             health.stage_failed(where, exc)
 
     def feed(self, index: int, x: Any, y: Any) -> None:
-        check = self._run.health.check
-        self._inputs.put(KIND_DATA, index, as_tensors(x, "sample"), check=check)
-        if self._targets is not None:
-            self._targets.put(KIND_DATA, index, as_tensors(y, "target"), check=check)
+        """Offer sample ``index``; ``x`` None is a skipped sample: a hole, sent without a target."""
+        self._feeder.feed(index, x, y, self._run.health.check)
         self._offer(1)
         self._fed += 1
 
     def end(self) -> None:
-        self._inputs.put(KIND_END, self._fed, check=self._run.health.check)
+        self._feeder.end(self._fed, self._run.health.check)
         self._offer(schedule.segment_ticks(self._fed, self.depth, self.config.learning) - self._fed)
         self._fed = 0
 
@@ -184,9 +225,7 @@ class DistributedExecutor(Executor):
             self._run.link(f"control 0->{r}").put(KIND_PERMIT, self._offered, check=self._run.health.check)
 
     def next_result(self) -> Result:
-        message = self._results.get(check=self._run.health.check)
-        output = rebuild(self._layout.output, message.tensors)
-        return Result(message.index, output, message.scalar if self.config.learning else None)
+        return result_of(self._results.get(check=self._run.health.check), self._layout.output, self.config.learning)
 
     def sync(self) -> None:
         """Wait until every stage has run every tick offered, and fetch the weights of ranks > 0."""
@@ -203,6 +242,21 @@ class DistributedExecutor(Executor):
             assert message.kind == KIND_STATE and message.index == self._offered, (message.kind, message.index)
             self.stages[r].load_state_dict(dict(zip(self._names[r], message.tensors)))
         self._synced = self._offered
+
+    def state_dict(self) -> dict[str, Any]:
+        """Every stage's state and the values in transit, gathered on rank 0 between two ticks: each
+        rank puts its part (``worker.stage_answer``, by ``torch.save``) in the store."""
+        self.sync()
+        run, check = self._run, self._run.health.check
+        for r in range(1, self.depth):
+            run.link(f"control 0->{r}").put(KIND_CHECKPOINT, self._offered, scalar=self._fed, check=check)
+        answers = [stage_answer(self._stage, self._sent)]  # stage 0 waits for the next tick: read it here
+        for r in range(1, self.depth):
+            message = run.link(f"reply {r}->0").get(check=check)
+            assert message.kind == KIND_CHECKPOINT and message.index == self._offered, (message.kind, message.index)
+            answer = run.store.get(run.prefix + f"checkpoint {r}")
+            answers.append(from_bytes(answer))
+        return executor_state(answers, self._fed, self._feeder.in_transit())
 
     def close(self) -> None:
         run, self._run = getattr(self, "_run", None), None
@@ -249,9 +303,18 @@ class DistributedExecutor(Executor):
         config = replace(config, supervised=plan.config["supervised"])
         loaded, permits, ticks = threading.Event(), Permits(0), threading.Semaphore(0)
         granted = done = 0
+        # Ungated in inference, a stage may be up to ``rank`` ticks ahead of the tick a checkpoint
+        # is taken at: it notes what it sent in its last few ticks.
+        sent, stage = SentLog(config.depth + 1), None
+
+        def finish(ticks_offered: int) -> None:  # wait until this stage has run that many ticks
+            nonlocal done
+            while done < ticks_offered:
+                wait(ticks, health.stop_check, spin_s=0)
+                done += 1
 
         def control(message: Message) -> None:  # in the thread that receives rank 0's control link
-            nonlocal granted, done
+            nonlocal granted
             if message.kind == KIND_STATE:
                 module.load_state_dict(dict(zip((k for k, _ in plan.states[rank]), message.tensors)))
                 loaded.set()
@@ -259,11 +322,20 @@ class DistributedExecutor(Executor):
                 permits.release(message.index - granted)
                 granted = message.index
             elif message.kind == KIND_SNAPSHOT:
-                while done < message.index:
-                    wait(ticks, health.stop_check, spin_s=0)
-                    done += 1
+                finish(message.index)
                 run.link(f"reply {rank}->0").put(KIND_STATE, message.index, list(module.state_dict().values()),
                                                  check=health.stop_check)
+            elif message.kind == KIND_CHECKPOINT:
+                finish(message.index)
+                try:
+                    answer = stage_answer(stage, sent.at(int(message.scalar) - 1) if message.scalar else Sent())
+                    run.store.set(run.prefix + f"checkpoint {rank}", to_bytes(answer))
+                except Exception as exc:  # this stage's failure, not the link's: every rank stops with it
+                    failed = Where()
+                    failed.phase = "checkpoint"
+                    health.stage_failed(failed, exc)
+                    raise Aborted from exc
+                run.link(f"reply {rank}->0").put(KIND_CHECKPOINT, message.index, check=health.stop_check)
             elif message.kind == KIND_CLOSE:
                 health.closing = True
 
@@ -284,8 +356,14 @@ class DistributedExecutor(Executor):
                 permits=permits if config.learning else None,
             )
             stage = Stage(rank, module, config, run.device)
+            first, tick = links, 0
+            if plan.resumed:
+                where.phase = "resume"
+                state = from_bytes(run.store.get(run.prefix + f"resume {rank}"))
+                first, tick = resume(stage, links, state)
+            run_segment(stage, first, health.stop_check, where, tick=tick, sent=sent)
             while True:
-                run_segment(stage, links, health.stop_check, where)
+                run_segment(stage, links, health.stop_check, where, sent=sent)
         except Aborted:
             pass
         except BaseException as exc:  # noqa: BLE001 - published, then raised below

@@ -20,7 +20,8 @@ timeout (``LINK_TIMEOUT_S``) fires only on a peer that is alive but stuck.
 
 A message on a link whose only payload is ``KIND_DATA``'s (activations, gradients, results,
 targets) is one frame of bytes (header and tensors, of a size fixed by the layout), so one send
-per hop; the ranks call the process group's own ``send``/``recv`` and wait at once, skipping
+per hop; such a link also carries ``KIND_SKIP`` (``nonfinite="skip"``), with the same tensors
+(a result whose loss was skipped) or none (a hole, a gradient that will not come); the ranks call the process group's own ``send``/``recv`` and wait at once, skipping
 ``torch.distributed.send``'s checks. A link that breaks is reported to the run's ``Health``
 (``ranks.py``), which publishes it to every rank.
 """
@@ -38,7 +39,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from ..transport import KIND_DATA, POLL_S, Aborted, Message
+from ..transport import KIND_DATA, KIND_SKIP, POLL_S, Aborted, Message
 from ..values import TensorSpec
 
 if TYPE_CHECKING:
@@ -50,6 +51,9 @@ KIND_STATE = 4
 """A stage's ``state_dict`` tensors: its first weights (0 to r), or a snapshot (r to 0)."""
 KIND_SNAPSHOT = 5
 """Rank 0 to rank r: send the weights as they are once ``index`` ticks are done."""
+KIND_CHECKPOINT = 9
+"""Rank 0 to rank r: put this stage's part of a checkpoint in the store once ``index`` ticks are done
+(``scalar``: the tick of the segment it is taken at); rank r to 0, without tensors: it is there."""
 KIND_PING = 6
 """Nothing: keeps an idle link inside gloo's timeout."""
 KIND_CLOSE = 7
@@ -84,7 +88,7 @@ class Mailbox:
             return self._items.popleft()
 
 
-_HEADER = 3 * 8  # kind, index, scalar: float64
+_HEADER = 4 * 8  # kind, index, scalar, whether tensors follow: float64
 _ALIGN = 64  # where each tensor starts in a frame, so that any dtype can view it
 
 
@@ -103,8 +107,8 @@ class Link:
     group of its own, the sender's ``put`` sending at once and a thread at the other end that
     receives every message as it comes.
 
-    A message travels as bytes: a header ``(kind, index, scalar)`` and the tensors that ``payload``
-    gives for its kind. On a link whose only payload is ``KIND_DATA``'s (activations, gradients,
+    A message travels as bytes: a header ``(kind, index, scalar, whether it has tensors)`` and the
+    tensors that ``payload`` gives for its kind (on a packed link a SKIP may have them or not). On a link whose only payload is ``KIND_DATA``'s (activations, gradients,
     results, targets) header and tensors go as one frame of fixed size, one send per message; on
     the others (control, reply) the header goes alone, then the tensors, if the kind has any.
     ``put`` copies the tensors into the frame, so the caller keeps them; ``get`` hands out views
@@ -151,9 +155,9 @@ class Link:
         reported to the run's ``Health`` first, as the loss of the peer). ``check`` is there for
         ``transport.Channel``'s signature: a send never waits for room.
         """
-        specs = self.payload.get(kind, ())
+        specs = self.payload.get(KIND_DATA if self._packed and kind == KIND_SKIP else kind, ())
         got = tuple(TensorSpec(tuple(t.shape), t.dtype) for t in tensors)
-        if got != specs:
+        if got != specs and not (got == () and kind == KIND_SKIP):
             raise ValueError(f"link {self.name!r}: got tensors {[str(s) for s in got]} for a message of kind "
                              f"{kind}, but it carries {[str(s) for s in specs]}")
         with self._lock:
@@ -174,7 +178,7 @@ class Link:
         """Put the message on the wire; the caller holds the lock."""
         if self._frame is not None:  # the common case, made cheap: a packed link on the CPU
             frame, header, slots = self._frame
-            header[0], header[1], header[2] = kind, index, scalar
+            header[0], header[1], header[2], header[3] = kind, index, scalar, bool(tensors)
             for slot, t in zip(slots, tensors):
                 slot.copy_(t.detach())
             frames: tuple[Tensor, ...] = (frame,)
@@ -186,7 +190,7 @@ class Link:
 
     def _frames(self, kind: int, index: int, scalar: float, tensors: Sequence[Tensor]) -> tuple[Tensor, ...]:
         """The message as the frames that go on the wire, newly made."""
-        header = torch.tensor([kind, index, scalar], dtype=torch.float64).view(torch.uint8)
+        header = torch.tensor([kind, index, scalar, bool(tensors)], dtype=torch.float64).view(torch.uint8)
         if not self._packed:
             header = (header.to(self.device),)
             if not tensors:
@@ -202,6 +206,8 @@ class Link:
 
     def _tensors(self, kind: int, frame: Tensor) -> tuple[Tensor, ...]:
         """The tensors of a message of ``kind`` in ``frame``, as views."""
+        if self._packed:
+            kind = KIND_DATA
         specs = self.payload.get(kind, ())
         offsets = self._layouts[kind][0] if specs else ()
         return tuple(frame[at:at + s.nbytes].view(s.dtype).view(s.shape) for s, at in zip(specs, offsets))
@@ -241,17 +247,17 @@ class Link:
                 torch.cuda.set_device(self.device)
             while True:
                 frame = self._receive(self._layouts[KIND_DATA][1] if self._packed else _HEADER)
-                kind, index, scalar = struct.unpack_from("=3d", frame[:_HEADER].cpu().numpy())
+                kind, index, scalar, full = struct.unpack_from("=4d", frame[:_HEADER].cpu().numpy())
                 kind, index = int(kind), int(index)
                 if kind == KIND_CLOSE:
                     if self._control:  # the other end of a control link needs to hear it
                         self._deliver(Message(kind, index, scalar, ()))
                     return
-                if not self._packed and self.payload.get(kind):  # its tensors follow
+                if not self._packed and full and self.payload.get(kind):  # its tensors follow
                     frame = self._receive(self._layouts[kind][1])
                 if kind != KIND_PING:
                     try:
-                        self._deliver(Message(kind, index, scalar, self._tensors(kind, frame)))
+                        self._deliver(Message(kind, index, scalar, self._tensors(kind, frame) if full else ()))
                     except Aborted:  # the run is over: go on receiving, until the other end hangs up
                         pass
         except BaseException as exc:  # noqa: BLE001 - the run's failure, seen from this link

@@ -30,12 +30,10 @@ their state before their first tick.
 
 from __future__ import annotations
 
-import io
 import logging
 import os
 import signal
 import sys
-from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,13 +43,22 @@ import torch.multiprocessing as mp
 from torch import nn
 
 from .. import schedule
-from ..checkpoint import message
+from ..checkpoint import from_bytes, to_bytes
 from ..errors import StageError, WorkerDiedError
 from ..stage import Stage, StageConfig
-from ..transport import KIND_DATA, KIND_END, KIND_SKIP, POLL_S, Aborted, Channel, wait
-from ..values import as_tensors, rebuild
-
-from ..worker import Links, Sent, Where, resumed_links, run_segment
+from ..transport import POLL_S, Aborted, Channel, wait
+from ..worker import (
+    Feeder,
+    Links,
+    Sent,
+    Where,
+    executor_state,
+    result_of,
+    resume,
+    run_segment,
+    stage_answer,
+    stage_resume,
+)
 from .base import LOOKAHEAD, Executor, Layout, Result
 
 log = logging.getLogger(__name__)
@@ -95,8 +102,6 @@ class ProcessExecutor(Executor):
         self._seen = [0] * depth  # ticks of each worker counted by sync
         self._offered = 0  # ticks offered to the stages, over all segments
         self._fed = 0  # samples fed in this segment
-        # the targets the last stage has not used yet (for a checkpoint): the last D - 1 fed
-        self._recent_targets: deque[dict[str, Any]] = deque(maxlen=depth - 1)
         self._asks = [ctx.Semaphore(0) for _ in range(depth)]
         pipes = [ctx.Pipe(duplex=False) for _ in range(depth)]
         self._answers = [receiver for receiver, _ in pipes]
@@ -117,6 +122,7 @@ class ProcessExecutor(Executor):
             self._targets = Channel(ctx, layout.target.tensors, depth + 1 + LOOKAHEAD, name="target", spin_s=0)
         self._results = Channel(ctx, layout.output.tensors, CAPACITY, name="result", spin_s=0)
         self._inputs = acts[0]
+        self._feeder = Feeder(self._inputs, self._targets, depth)
         # Held for the executor's life: a semaphore the caller lets go of is unlinked, and a worker
         # that opens it later (the spawn start method rebuilds them in the child) fails.
         self._channels = [*acts, *grads, self._results] + ([self._targets] if self._targets else [])
@@ -132,11 +138,7 @@ class ProcessExecutor(Executor):
                 targets=self._targets if last else None, results=self._results if last else None,
                 permits=self._permits[i], ticks=self._ticks[i],
             )
-            resume = None
-            if state is not None:
-                resume = _dumps({"stage": state["stages"][i], "tick": transit["tick"] if transit else 0,
-                                 "activation": transit["acts"][i] if transit else None,
-                                 "gradient": transit["grads"][i] if transit else None})
+            resume = None if state is None else to_bytes(stage_resume(state, i))
             worker = _Worker(module, config, self.threads, links, self._stop, self._errors, os.getpid(),
                              self._asks[i], pipes[i][1], resume)
             proc = ctx.Process(target=_work, args=(worker,), name=f"partime-stage-{i}", daemon=True)
@@ -151,34 +153,23 @@ class ProcessExecutor(Executor):
         if transit is not None:
             self._fed = transit["tick"]
             for target in transit["targets"]:
-                self._put_target(target["sample"], tuple(target["tensors"]))
+                self._feeder.target(target["sample"], tuple(target["tensors"]), self._check)
 
     def feed(self, index: int, x: Any, y: Any) -> None:
         """Offer sample ``index``; ``x`` None is a skipped sample: a hole, sent without a target."""
         if self._segment is None or self._segment[2] is not None:
             # a new segment begins with this sample (or, resumed from a checkpoint, ``_fed`` ticks ago)
             self._segment = [self._offered - self._fed, index - self._fed, None]
-        if x is None:
-            self._inputs.put(KIND_SKIP, index, check=self._check)
-        else:
-            self._inputs.put(KIND_DATA, index, as_tensors(x, "sample"), check=self._check)
-            if self._targets is not None:
-                self._put_target(index, as_tensors(y, "target"))
+        self._feeder.feed(index, x, y, self._check)
         self._offer(1)
         self._fed += 1
-
-    def _put_target(self, index: int, tensors: tuple[Any, ...]) -> None:
-        self._targets.put(KIND_DATA, index, tensors, check=self._check)
-        if self._recent_targets.maxlen:
-            self._recent_targets.append(message(index, tensors))
 
     def end(self) -> None:
         if self._segment is not None:
             self._segment[2] = self._fed
-        self._inputs.put(KIND_END, self._fed, check=self._check)
+        self._feeder.end(self._fed, self._check)
         self._offer(schedule.segment_ticks(self._fed, self.depth, self.config.learning) - self._fed)
         self._fed = 0
-        self._recent_targets.clear()
 
     def state_dict(self) -> dict[str, Any]:
         self.sync()
@@ -188,14 +179,8 @@ class ProcessExecutor(Executor):
         for pipe in self._answers:
             while not pipe.poll(POLL_S):
                 self._check()
-            answers.append(torch.load(io.BytesIO(pipe.recv_bytes()), weights_only=True))
-        transit = None
-        if self._fed:
-            transit = {"tick": self._fed,
-                       "acts": [None] + [a["activation"] for a in answers[:-1]],
-                       "grads": [a["gradient"] for a in answers[1:]] + [None],
-                       "targets": list(self._recent_targets)}
-        return {"stages": [a["stage"] for a in answers], "transit": transit}
+            answers.append(from_bytes(pipe.recv_bytes()))
+        return executor_state(answers, self._fed, self._feeder.in_transit())
 
     def _offer(self, ticks: int) -> None:
         """Let every stage run ``ticks`` more ticks."""
@@ -205,12 +190,7 @@ class ProcessExecutor(Executor):
         self._offered += ticks
 
     def next_result(self) -> Result:
-        message = self._results.get(check=self._check)
-        if not message.tensors:  # a skipped input: it never went forward
-            return Result(message.index, None, None, skipped=True)
-        output = rebuild(self._layout.output, message.tensors)
-        loss = message.scalar if self.config.learning else None
-        return Result(message.index, output, loss, skipped=message.kind == KIND_SKIP)
+        return result_of(self._results.get(check=self._check), self._layout.output, self.config.learning)
 
     def sync(self) -> None:
         for i, ticks in enumerate(self._ticks):
@@ -233,7 +213,7 @@ class ProcessExecutor(Executor):
                 proc.join()
         self._errors.close()
         # Let go of the channels and semaphores, so that their segments are unlinked now.
-        self._channels = self._inputs = self._targets = self._results = None
+        self._channels = self._inputs = self._targets = self._results = self._feeder = None
         self._permits = self._ticks = self._asks = self._answers = []
 
     def _check(self) -> None:
@@ -276,16 +256,6 @@ class ProcessExecutor(Executor):
         return None, "waiting", doing
 
 
-def _dumps(value: Any) -> bytes:
-    buffer = io.BytesIO()
-    torch.save(value, buffer)
-    return buffer.getvalue()
-
-
-def _message(sent: tuple[int, tuple[Any, ...]] | None) -> dict[str, Any] | None:
-    return None if sent is None else message(*sent)
-
-
 def _death(proc: Any) -> str:
     code = proc.exitcode
     if code is not None and code < 0:
@@ -312,8 +282,7 @@ def _work(w: _Worker) -> None:
             raise Aborted
         if w.asks.acquire(False):  # the caller asks for this stage's state: every stage is between two ticks
             phase, where.phase = where.phase, "checkpoint"
-            w.answers.send_bytes(_dumps({"stage": stage.state_dict(), "activation": _message(sent.activation),
-                                         "gradient": _message(sent.gradient)}))
+            w.answers.send_bytes(to_bytes(stage_answer(stage, sent)))
             where.phase = phase
 
     code = 0
@@ -323,9 +292,7 @@ def _work(w: _Worker) -> None:
         links, tick = w.links, 0
         if w.resume is not None:
             where.phase = "resume"
-            resume = torch.load(io.BytesIO(w.resume), weights_only=True)
-            stage.load_state_dict(resume["stage"])
-            links, tick = resumed_links(links, resume["activation"], resume["gradient"]), resume["tick"]
+            links, tick = resume(stage, links, from_bytes(w.resume))
         run_segment(stage, links, check, where, tick=tick, sent=sent)
         while True:
             run_segment(stage, w.links, check, where, sent=sent)
