@@ -153,14 +153,23 @@ class _Primed:
 class Feeder:
     """The caller's end of stage 0's input link and of the last stage's target link (or None).
 
-    It remembers the targets fed that the last stage has not used yet (the ``"targets"`` of a
-    checkpoint's transit): the last stage takes sample s's target in the tick where sample
-    s + depth - 1 is fed.
+    It counts the samples fed in the current segment (``fed``) and remembers the targets fed that
+    the last stage has not used yet (the ``"targets"`` of a checkpoint's transit): the last stage
+    takes sample s's target in the tick where sample s + depth - 1 is fed.
     """
 
     def __init__(self, inputs: Any, targets: Any | None, depth: int):
         self.inputs, self.targets, self.depth = inputs, targets, depth
+        self.fed = 0
         self._unused: deque[dict[str, Any]] = deque()
+
+    def resume(self, transit: dict[str, Any] | None, check: Callable[[], None]) -> None:
+        """Go on from a checkpoint's ``transit`` (None: between two segments): its count of samples
+        fed, and its targets not used yet, sent again."""
+        if transit is not None:
+            self.fed = transit["tick"]
+            for target in transit["targets"]:
+                self.target(target["sample"], tuple(target["tensors"]), check)
 
     def feed(self, index: int, x: Any, y: Any, check: Callable[[], None]) -> None:
         """Send sample ``index`` and its target; ``x`` None is a skipped sample: a hole, sent without a target."""
@@ -172,6 +181,7 @@ class Feeder:
                 self.target(index, as_tensors(y, "target"), check)
         while self._unused and self._unused[0]["sample"] <= index - (self.depth - 1):
             self._unused.popleft()  # taken by the last stage in this sample's tick
+        self.fed += 1
 
     def target(self, index: int, tensors: tuple[Tensor, ...], check: Callable[[], None]) -> None:
         """Send sample ``index``'s target (also: a checkpoint's targets in transit, when resuming)."""
@@ -179,10 +189,12 @@ class Feeder:
         if self.depth > 1:  # with one stage, a target is used in the tick it is fed
             self._unused.append(transit_message(index, tensors))
 
-    def end(self, samples: int, check: Callable[[], None]) -> None:
-        """End the segment, which had ``samples`` samples."""
+    def end(self, check: Callable[[], None]) -> int:
+        """End the segment; the number of samples it had."""
+        samples, self.fed = self.fed, 0
         self.inputs.put(KIND_END, samples, check=check)
         self._unused.clear()
+        return samples
 
     def in_transit(self) -> list[dict[str, Any]]:
         """The targets fed that the last stage has not used yet, as ``checkpoint.message`` dicts."""

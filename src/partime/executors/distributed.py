@@ -155,7 +155,7 @@ class DistributedExecutor(Executor):
         self._run = run = Run(0, depth)
         self._layout = layout
         self._names = [[k for k, _ in _state_specs(s)] for s in self.stages]
-        self._offered = self._fed = self._seen = self._synced = 0
+        self._offered = self._seen = self._synced = 0
         plan = _Plan(tuple(len(s) for s in self.stages), layout, _config_key(config),
                      tuple(_state_specs(s) for s in self.stages), resumed=state is not None)
         for r in range(1, depth if state is not None else 1):
@@ -187,10 +187,8 @@ class DistributedExecutor(Executor):
         self._thread = threading.Thread(target=self._stage_zero, args=(first, tick, links), name="partime stage 0",
                                         daemon=True)
         self._thread.start()
-        if state is not None and state["transit"] is not None:
-            self._fed = state["transit"]["tick"]
-            for target in state["transit"]["targets"]:
-                self._feeder.target(target["sample"], tuple(target["tensors"]), run.health.check)
+        if state is not None:
+            self._feeder.resume(state["transit"], run.health.check)
 
     def _stage_zero(self, first: Links, tick: int, links: Links) -> None:
         health, where, stage = self._run.health, Where(), self._stage
@@ -208,12 +206,10 @@ class DistributedExecutor(Executor):
         """Offer sample ``index``; ``x`` None is a skipped sample: a hole, sent without a target."""
         self._feeder.feed(index, x, y, self._run.health.check)
         self._offer(1)
-        self._fed += 1
 
     def end(self) -> None:
-        self._feeder.end(self._fed, self._run.health.check)
-        self._offer(schedule.segment_ticks(self._fed, self.depth, self.config.learning) - self._fed)
-        self._fed = 0
+        samples = self._feeder.end(self._run.health.check)
+        self._offer(schedule.segment_ticks(samples, self.depth, self.config.learning) - samples)
 
     def _offer(self, ticks: int) -> None:
         """Let every stage run ``ticks`` more ticks."""
@@ -249,14 +245,14 @@ class DistributedExecutor(Executor):
         self.sync()
         run, check = self._run, self._run.health.check
         for r in range(1, self.depth):
-            run.link(f"control 0->{r}").put(KIND_CHECKPOINT, self._offered, scalar=self._fed, check=check)
+            run.link(f"control 0->{r}").put(KIND_CHECKPOINT, self._offered, scalar=self._feeder.fed, check=check)
         answers = [stage_answer(self._stage, self._sent)]  # stage 0 waits for the next tick: read it here
         for r in range(1, self.depth):
             message = run.link(f"reply {r}->0").get(check=check)
             assert message.kind == KIND_CHECKPOINT and message.index == self._offered, (message.kind, message.index)
             answer = run.store.get(run.prefix + f"checkpoint {r}")
             answers.append(from_bytes(answer))
-        return executor_state(answers, self._fed, self._feeder.in_transit())
+        return executor_state(answers, self._feeder.fed, self._feeder.in_transit())
 
     def close(self) -> None:
         run, self._run = getattr(self, "_run", None), None

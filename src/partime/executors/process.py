@@ -101,7 +101,6 @@ class ProcessExecutor(Executor):
         self._ticks = [ctx.Semaphore(0) for _ in range(depth)]
         self._seen = [0] * depth  # ticks of each worker counted by sync
         self._offered = 0  # ticks offered to the stages, over all segments
-        self._fed = 0  # samples fed in this segment
         self._asks = [ctx.Semaphore(0) for _ in range(depth)]
         pipes = [ctx.Pipe(duplex=False) for _ in range(depth)]
         self._answers = [receiver for receiver, _ in pipes]
@@ -150,26 +149,22 @@ class ProcessExecutor(Executor):
             self.close()
             raise
         log.debug("started %d stage processes: %s", depth, [p.pid for p in self._procs])
-        if transit is not None:
-            self._fed = transit["tick"]
-            for target in transit["targets"]:
-                self._feeder.target(target["sample"], tuple(target["tensors"]), self._check)
+        self._feeder.resume(transit, self._check)
 
     def feed(self, index: int, x: Any, y: Any) -> None:
         """Offer sample ``index``; ``x`` None is a skipped sample: a hole, sent without a target."""
         if self._segment is None or self._segment[2] is not None:
-            # a new segment begins with this sample (or, resumed from a checkpoint, ``_fed`` ticks ago)
-            self._segment = [self._offered - self._fed, index - self._fed, None]
+            # a new segment begins with this sample (or, resumed from a checkpoint, ``fed`` ticks ago)
+            fed = self._feeder.fed
+            self._segment = [self._offered - fed, index - fed, None]
         self._feeder.feed(index, x, y, self._check)
         self._offer(1)
-        self._fed += 1
 
     def end(self) -> None:
+        samples = self._feeder.end(self._check)
         if self._segment is not None:
-            self._segment[2] = self._fed
-        self._feeder.end(self._fed, self._check)
-        self._offer(schedule.segment_ticks(self._fed, self.depth, self.config.learning) - self._fed)
-        self._fed = 0
+            self._segment[2] = samples
+        self._offer(schedule.segment_ticks(samples, self.depth, self.config.learning) - samples)
 
     def state_dict(self) -> dict[str, Any]:
         self.sync()
@@ -180,7 +175,7 @@ class ProcessExecutor(Executor):
             while not pipe.poll(POLL_S):
                 self._check()
             answers.append(from_bytes(pipe.recv_bytes()))
-        return executor_state(answers, self._fed, self._feeder.in_transit())
+        return executor_state(answers, self._feeder.fed, self._feeder.in_transit())
 
     def _offer(self, ticks: int) -> None:
         """Let every stage run ``ticks`` more ticks."""
