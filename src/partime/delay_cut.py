@@ -22,7 +22,7 @@ import math
 from collections.abc import Sequence
 
 from .compensation import delay
-from .partition import best_split
+from .partition import Partition, best_split
 
 DELAY_SLACK = 0.1
 """How much slower than the fastest cut's slowest stage a delay-aware cut's may be (10%)."""
@@ -53,7 +53,7 @@ def delay_aware_split(
         for b in range(a + 1, n + 1):
             seg[a][b] = seg[a][b - 1] + times[b - 1]
             weights[a][b] = weights[a][b - 1] + params[b - 1]
-    bound = max(seg[a][b] for a, b in _bounds(fastest)) * (1 + slack)
+    bound = max(seg[a][b] for a, b in Partition(fastest).bounds) * (1 + slack)
     # best[b]: the key (cost, stage times sorted from the largest down, balance) of the best cut
     # of the first b layers into k stages, each within the bound; absent if there is none. The
     # key orders two cuts the same way after one more stage is appended to both, so the best
@@ -63,21 +63,13 @@ def delay_aware_split(
         b: (weights[0][b] * delay(0, depth), (seg[0][b],), (b,)) for b in range(1, n + 1) if seg[0][b] <= bound
     }
     for k in range(1, depth):
-        best = {
-            b: min(
-                (best[a][0] + weights[a][b] * delay(k, depth),
-                 tuple(sorted(best[a][1] + (seg[a][b],), reverse=True)), best[a][2] + (b - a,))
-                for a in range(k, b) if a in best and seg[a][b] <= bound
-            )
-            for b in range(k + 1, n + 1)
-            if any(a in best and seg[a][b] <= bound for a in range(k, b))
-        }
+        longer: dict[int, Key] = {}
+        for b in range(k + 1, n + 1):
+            options = [(best[a][0] + weights[a][b] * delay(k, depth),
+                        tuple(sorted(best[a][1] + (seg[a][b],), reverse=True)), best[a][2] + (b - a,))
+                       for a in range(k, b) if a in best and seg[a][b] <= bound]
+            if options:
+                longer[b] = min(options)
+        best = longer
     return best[n][2]
 
-
-def _bounds(balance: Sequence[int]) -> list[tuple[int, int]]:
-    out, start = [], 0
-    for b in balance:
-        out.append((start, start + b))
-        start += b
-    return out
