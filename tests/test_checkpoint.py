@@ -83,7 +83,8 @@ def resumed(depth, stop, path, ys=True, model=mlp, balance=None, **kw):
         return before + play(pipe, ACTIONS[stop:], ys), pipe.module
 
 
-@pytest.mark.parametrize("compensation", [(), ("lr-scale",), ("weight-prediction",)], ids=["plain", "lr-scale", "wp"])
+@pytest.mark.parametrize("compensation", [(), ("lr-scale",), ("weight-prediction",), ("delay-correction",)],
+                         ids=["plain", "lr-scale", "wp", "dc"])
 @pytest.mark.parametrize("opt", OPTIMIZERS)
 @pytest.mark.parametrize("grad_mode", ["partime", "stash", "weight-stash"])
 @pytest.mark.parametrize("depth", [1, 2, 3])
@@ -154,7 +155,8 @@ def test_a_state_dict_is_a_copy_and_loads_twice():
 
 
 def test_a_checkpoint_holds_tensors_and_plain_values_only(tmp_path):
-    with pipeline("inline", 3, **learning("weight-stash", "adam", ("lr-scale", "weight-prediction"))) as pipe:
+    compensation = ("lr-scale", "weight-prediction", "delay-correction")
+    with pipeline("inline", 3, **learning("weight-stash", "adam", compensation)) as pipe:
         play(pipe, ACTIONS[:6])
         state = pipe.state_dict()
 
@@ -182,7 +184,7 @@ def test_a_checkpoint_holds_tensors_and_plain_values_only(tmp_path):
 def test_checkpoints_move_between_executors(learns):
     # inline -> process (a pipeline not started yet: its workers start from the state, at a
     # flush with samples in flight) -> inline
-    kw = learning("stash", "sgd", ("lr-scale",)) if learns else {}
+    kw = learning("stash", "sgd", ("lr-scale", "delay-correction")) if learns else {}
     reference = uninterrupted(3, ys=learns, **kw)
     with pipeline("inline", 3, **kw) as pipe:
         results = play(pipe, ACTIONS[:8], learns)
@@ -199,7 +201,7 @@ def test_checkpoints_move_between_executors(learns):
 
 
 def test_process_checkpoint_loads_into_running_workers():
-    kw = learning("weight-stash", "adam", ("weight-prediction",))
+    kw = learning("weight-stash", "adam", ("weight-prediction", "delay-correction"))
     reference = uninterrupted(3, **kw)
     with pipeline("process", 3, **kw) as pipe:
         results = play(pipe, ACTIONS[:5])

@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 import partime
-from partime.compensation import StepSizeScale, WeightPredictor, check_compensation, delay
+from partime.compensation import DelayCorrection, StepSizeScale, WeightPredictor, check_compensation, delay
 
 from models import classification_stream, mlp
 
@@ -40,13 +40,30 @@ def test_weight_predictor_extrapolates_along_the_velocity():
     assert predictor.predict()[0].requires_grad
 
 
+@pytest.mark.parametrize("moved, grad, factor", [
+    ([-0.5, 0.5], [1.0, 0.2], 0.6),  # the steps since went -0.4 along g: 1 - 0.4
+    ([0.5, 0.0], [1.0, 0.2], 1.0),  # they went against g: never enlarged
+    ([-2.0, 0.0], [1.0, 0.2], 0.0),  # more than g asks: nothing left of it
+])
+def test_delay_correction_shrinks_a_late_gradient_by_the_steps_taken_since(moved, grad, factor):
+    param = nn.Parameter(torch.tensor([1.0, 2.0]))
+    correction = DelayCorrection([param])
+    anchor = correction.anchor()
+    with torch.no_grad():
+        param += torch.tensor(moved)
+    param.grad = torch.tensor(grad)
+    assert correction.correct(anchor) == pytest.approx(factor)
+    assert param.grad.tolist() == pytest.approx([factor * g for g in grad])
+    assert anchor[0].tolist() == [1.0, 2.0]
+
+
 def test_unknown_compensation():
     assert check_compensation("lr-scale") == ("lr-scale",)
-    with pytest.raises(ValueError, match="unknown compensation 'magic'; choose from lr-scale, weight-prediction"):
+    with pytest.raises(ValueError, match="unknown compensation 'magic'; choose from lr-scale, weight-prediction, delay-correction"):
         partime.Pipeline(mlp(), 2, compensation=["magic"])
 
 
-@pytest.mark.parametrize("compensation", [("lr-scale",), ("weight-prediction",), ("lr-scale", "weight-prediction")])
+@pytest.mark.parametrize("compensation", [("lr-scale",), ("weight-prediction",), ("delay-correction",), ("lr-scale", "weight-prediction", "delay-correction")])
 def test_compensation_changes_learning_only_where_there_is_delay_and_matches_in_processes(compensation):
     xs, ys = classification_stream(60)
     kw = dict(loss_fn=nn.CrossEntropyLoss(), optimizer=lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.5))

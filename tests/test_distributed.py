@@ -36,7 +36,7 @@ LEARNING = {  # every grad mode, each with its own optimizer
     "weight-stash": "sgd",
 }
 COMPENSATED = dict(loss_fn=nn.CrossEntropyLoss(), optimizer=OPTIMIZERS["sgd"], grad_mode="partime",
-                   compensation=("lr-scale", "weight-prediction"))
+                   compensation=("lr-scale", "weight-prediction", "delay-correction"))
 SAMPLES = 40
 FAIL_AT = 13
 STOP = 17  # a checkpoint is taken after this many steps, in the middle of the segment

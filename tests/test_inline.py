@@ -120,7 +120,7 @@ def test_matches_the_spec_written_by_hand(grad_mode, depth):
         assert len({tuple(v) for v in others.values()}) == 3
 
 
-@pytest.mark.parametrize("compensation", [(), ("lr-scale",), ("weight-prediction",)])
+@pytest.mark.parametrize("compensation", [(), ("lr-scale",), ("weight-prediction",), ("delay-correction",)])
 @pytest.mark.parametrize("grad_mode", ["partime", "stash", "weight-stash"])
 @pytest.mark.parametrize("make_opt", [sgd(0.05), lambda p: torch.optim.Adam(p, lr=1e-3)], ids=["sgd", "adam"])
 def test_depth_one_is_plain_online_learning(grad_mode, make_opt, compensation):

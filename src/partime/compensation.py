@@ -16,11 +16,21 @@ after the forward it belongs to (SPEC.md). Two remedies from the literature, eac
     ``τ_i`` steps ahead along their recent velocity (a moving average of the change per step),
     so that a gradient is computed at about the weights it will be applied to.
 
-With ``D = 1`` every delay is 0 and both are exactly plain online learning.
+``"delay-correction"``: the late gradient corrected, to first order, for the steps the stage
+    took while it was on its way, after DC-ASGD (Zheng et al., "Asynchronous Stochastic Gradient
+    Descent with Delay Compensation", ICML 2017). Its Taylor expansion
+    ``g(θ_now) ≈ g + H (θ_now − θ_then)`` needs the Hessian ``H``; DC-ASGD takes the outer
+    product ``g gᵀ`` of the gradient with itself and then keeps only its diagonal. Kept whole,
+    the correction is a scalar: ``g · (1 + gᵀ(θ_now − θ_then))``, clipped to ``[0, 1]`` times
+    ``g``. When the stage's steps since the forward already went the way ``g`` asks (a digit held
+    for several frames sends its gradient again and again), ``gᵀΔθ < 0`` and the late gradient is
+    shrunk by how much of it was already applied; it is never enlarged (enlarging diverged). It
+    costs one copy of the stage's weights per sample in flight, as ``weight-stash`` does.
 
-Measured and not kept: DC-ASGD's delay-compensated gradient (Zheng et al., ICML 2017),
-``g + λ g ⊙ g ⊙ (w_now − w_then)``, gave no gain on moving digits at D = 4 and 8 (within noise
-in five configurations), so it is not an option.
+With ``D = 1`` every delay is 0 and each is exactly plain online learning.
+
+Measured and not kept: DC-ASGD's own diagonal form, ``g + λ g ⊙ g ⊙ (θ_now − θ_then)``, gave
+no gain on moving digits at D = 4 and 8 (within noise in five configurations).
 """
 
 from __future__ import annotations
@@ -30,7 +40,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-COMPENSATIONS = ("lr-scale", "weight-prediction")
+COMPENSATIONS = ("lr-scale", "weight-prediction", "delay-correction")
 
 LR_ANNEAL_STEPS = 2000
 """Steps over which ``lr-scale`` anneals a stage's step size back to the optimizer's own."""
@@ -98,3 +108,30 @@ class WeightPredictor:
             for p, prev, v in zip(self.params, self.previous, self.velocity):
                 v.mul_(self.momentum).add_(p - prev, alpha=1 - self.momentum)
                 prev.copy_(p)
+
+
+class DelayCorrection:
+    """DC-ASGD's correction of a late gradient with the full outer product (``"delay-correction"``).
+
+    ``anchor()`` copies the weights when a sample goes forward; ``correct(anchor)``, called with
+    the gradient of that sample in the parameters' ``.grad``, scales it in place by
+    ``clip(1 + gᵀ(θ_now − θ_anchor), 0, 1)`` and returns the factor.
+    """
+
+    def __init__(self, params: Sequence[Tensor]):
+        self.params = list(params)
+
+    def anchor(self) -> list[Tensor]:
+        """Copies of the weights now, for the gradient of the sample going forward."""
+        return [p.detach().clone() for p in self.params]
+
+    @torch.no_grad()
+    def correct(self, anchor: Sequence[Tensor]) -> float:
+        """Scale the gradients in ``.grad`` for the steps taken since ``anchor``; the factor."""
+        moved = sum((p.grad * (p - then)).sum() for p, then in zip(self.params, anchor) if p.grad is not None)
+        factor = min(max(1.0 + float(moved), 0.0), 1.0)
+        if factor != 1.0:
+            for p in self.params:
+                if p.grad is not None:
+                    p.grad.mul_(factor)
+        return factor

@@ -43,7 +43,7 @@ log = logging.getLogger(__name__)
 
 STREAMS = ("digits", "shuffled", "camera")
 GRAD_MODES = ("partime", "stash", "weight-stash")
-COMPENSATIONS = ("", "lr-scale", "weight-prediction")
+COMPENSATIONS = ("", "lr-scale", "weight-prediction", "delay-correction")
 HOLD, BATCH = 10, 4  # digits: each digit held 10 frames; 4 independent streams per sample
 # The digits learn with plain SGD at the step size that suits sequential online learning best, so
 # that a pipeline is held to a well-tuned baseline. Sequential, 3000 frames, seed 0: lr 0.02

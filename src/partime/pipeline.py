@@ -39,9 +39,9 @@ class Pipeline(Checkpoints):
     fastest. With ``loss_fn`` and ``optimizer`` (a factory ``params -> Optimizer``, called once per
     stage) the pipeline learns online as SPEC.md says, under ``grad_mode`` (``"partime"``,
     ``"stash"`` or ``"weight-stash"``) and, if asked, with staleness ``compensation``
-    (``"lr-scale"``, ``"weight-prediction"``: see ``partime.compensation``); without them it
-    infers under ``torch.no_grad()``. ``threads`` is each stage's torch thread count (default:
-    the cores divided among the stages).
+    (``"lr-scale"``, ``"weight-prediction"``, ``"delay-correction"``: see
+    ``partime.compensation``); without them it infers under ``torch.no_grad()``. ``threads`` is
+    each stage's torch thread count (default: the cores divided among the stages).
 
     ``nonfinite`` says what becomes of a sample whose input or loss holds NaN or an infinity:
     ``"raise"`` (the default) refuses a non-finite input with a ValueError before it is fed (the

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .compensation import StepSizeScale, WeightPredictor, delay
+from .compensation import DelayCorrection, StepSizeScale, WeightPredictor, delay
 from .values import as_tensors, copy_tensors, is_float
 
 GRAD_MODES = ("partime", "stash", "weight-stash")
@@ -98,6 +98,7 @@ class Stage:
         self.optimizer = None
         self._step_size: StepSizeScale | None = None
         self._predictor: WeightPredictor | None = None
+        self._corrector: DelayCorrection | None = None
         if config.learning and self._params:
             self.optimizer = config.optimizer(self._params)
             tau = delay(index, config.depth)
@@ -105,6 +106,9 @@ class Stage:
                 self._step_size = StepSizeScale(self.optimizer, tau)
             if "weight-prediction" in config.compensation:
                 self._predictor = WeightPredictor(self._params, tau)
+            if "delay-correction" in config.compensation and tau > 0:
+                self._corrector = DelayCorrection(self._params)
+        self._anchors: dict[int, list[Tensor]] = {}  # delay-correction: the weights at each forward
         self._newest: _Forward | None = None  # partime: the newest input
         self._pending: dict[int, _Forward] = {}  # stash modes: forwards awaiting their gradient
         self._out_is_tuple = False
@@ -123,6 +127,8 @@ class Stage:
             record.weights = self._predictor.predict()
         elif self.config.grad_mode == "weight-stash":
             record.weights = [p.detach().clone().requires_grad_() for p in self._params]
+        if self._corrector is not None:
+            self._anchors[sample] = self._corrector.anchor()
         record.outputs = self._run(record)
         if self.config.grad_mode == "partime":
             self._newest = record
@@ -156,7 +162,7 @@ class Stage:
                 self.drop(sample)
                 return value, None
             raise FloatingPointError(f"the loss of sample {sample} is not finite: {value}")
-        return value, self._apply(record, (loss,), None)
+        return value, self._apply(sample, record, (loss,), None)
 
     def backward(self, sample: int, grad: Any) -> Any:
         """Apply the gradient of ``sample`` w.r.t. this stage's output, as the grad mode says.
@@ -166,18 +172,20 @@ class Stage:
         self.phase = "backward"
         record = self._record_for(sample)
         grads = tuple(t.to(self.device) for t in as_tensors(grad, f"gradient at stage {self.index}"))
-        return self._apply(record, record.outputs, grads)
+        return self._apply(sample, record, record.outputs, grads)
 
     def drop(self, sample: int) -> None:
         """``sample`` will bring no gradient (it was skipped): forget its forward; no step."""
         self._pending.pop(sample, None)
+        self._anchors.pop(sample, None)
 
     def state_dict(self) -> dict[str, Any]:
         """Everything of this stage that decides its future ticks, as copies in plain values.
 
         Its weights and buffers, its optimizer's state, the forwards it keeps for a later
         product (inputs; weights in ``weight-stash`` mode or with weight prediction; whether a
-        graph of it was still valid), the layout of its output and the compensation state.
+        graph of it was still valid), the layout of its output and the compensation state (with
+        delay correction, the weights each sample in flight went forward with).
         """
         state: dict[str, Any] = {
             "module": copy_tensors(self.module.state_dict()),
@@ -188,6 +196,7 @@ class Stage:
             "out_is_tuple": self._out_is_tuple,
             "lr_scale_steps": None if self._step_size is None else self._step_size.steps,
             "prediction": None,
+            "anchors": [(sample, copy_tensors(anchor)) for sample, anchor in self._anchors.items()],
         }
         if self._predictor is not None:
             state["prediction"] = {"previous": copy_tensors(self._predictor.previous),
@@ -215,6 +224,7 @@ class Stage:
                 for dst, src in zip(self._predictor.previous + self._predictor.velocity,
                                     state["prediction"]["previous"] + state["prediction"]["velocity"]):
                     dst.copy_(src)
+        self._anchors = {sample: [t.to(self.device) for t in anchor] for sample, anchor in state.get("anchors", ())}
         self._newest = None
         self._pending = {}
         rebuild = []
@@ -271,8 +281,10 @@ class Stage:
             record.outputs = self._run(record)
         return record
 
-    def _apply(self, record: _Forward, outputs: tuple[Tensor, ...], grads: tuple[Tensor, ...] | None) -> Any:
-        """Back-propagate ``grads`` (None: ``outputs`` is the loss), step, return the input's gradient."""
+    def _apply(self, sample: int, record: _Forward, outputs: tuple[Tensor, ...],
+               grads: tuple[Tensor, ...] | None) -> Any:
+        """Back-propagate ``sample``'s ``grads`` through ``record`` (None: ``outputs`` is the loss),
+        step, return the gradient w.r.t. the input."""
         weights = record.weights or self._params
         wanted = list(weights) + [t for t in record.inputs if t.requires_grad]
         live = [k for k, o in enumerate(outputs) if o.requires_grad]
@@ -290,6 +302,8 @@ class Stage:
             for p, g in zip(self._params, found[: len(weights)]):
                 p.grad = g
             self.phase = "step"
+            if self._corrector is not None:
+                self._corrector.correct(self._anchors.pop(sample))
             if self._step_size is not None:
                 self._step_size.before_step()
             self.optimizer.step()
