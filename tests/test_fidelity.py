@@ -22,6 +22,20 @@ def test_configs_cover_sequential_and_every_mode_and_compensation():
     assert "D=8 weight-stash + lr-scale" in {c.label for c in configs}
 
 
+def test_the_shuffled_control_is_cut_as_moving_digits_and_planned_once(monkeypatch):
+    planned = []
+
+    def cut(model, depth, how):  # a planned cut is timed: it may differ from one call to the next
+        planned.append((model, depth))
+        return (len(planned), 10 - len(planned))
+
+    monkeypatch.setattr(fid, "cut", cut)
+    configs = fid.configs(["digits", "shuffled", "camera"], [2], seeds=2)
+    cuts = {s: {c.balance for c in configs if c.stream == s and c.depth == 2} for s in fid.STREAMS}
+    assert planned == [("digits", 2), ("camera", 2)]
+    assert cuts["digits"] == cuts["shuffled"] == {(1, 9)} and cuts["camera"] == {(2, 8)}
+
+
 def test_summary_gaps_are_against_sequential():
     rows = [dict(stream="digits", label="sequential", depth=1, accuracy=0.80, loss=1.0),
             dict(stream="digits", label="D=2 stash", depth=2, accuracy=0.75, loss=1.2),
