@@ -25,7 +25,8 @@ after the forward it belongs to (SPEC.md). Two remedies from the literature, eac
     ``g``. When the stage's steps since the forward already went the way ``g`` asks (a digit held
     for several frames sends its gradient again and again), ``gᵀΔθ < 0`` and the late gradient is
     shrunk by how much of it was already applied; it is never enlarged (enlarging diverged). It
-    costs one copy of the stage's weights per sample in flight, as ``weight-stash`` does.
+    keeps one copy of the stage's weights per sample in flight (in ``weight-stash`` mode, the
+    copies that mode stashes already).
 
 With ``D = 1`` every delay is 0 and each is exactly plain online learning.
 

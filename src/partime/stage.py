@@ -128,7 +128,8 @@ class Stage:
         elif self.config.grad_mode == "weight-stash":
             record.weights = [p.detach().clone().requires_grad_() for p in self._params]
         if self._corrector is not None:
-            self._anchors[sample] = self._corrector.anchor()
+            stashed = self._predictor is None and self.config.grad_mode == "weight-stash"  # the weights now
+            self._anchors[sample] = [w.detach() for w in record.weights] if stashed else self._corrector.anchor()
         record.outputs = self._run(record)
         if self.config.grad_mode == "partime":
             self._newest = record
