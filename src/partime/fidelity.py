@@ -280,8 +280,13 @@ def markdown(lines: Sequence[dict[str, Any]]) -> str:
     return "\n".join(out) + "\n"
 
 
+MODE_COLOURS = {"partime": "tab:red", "stash": "tab:blue", "weight-stash": "tab:green"}
+COMPENSATION_LINES = {"": "-", "lr-scale": "--", "weight-prediction": ":", "delay-correction": "-."}
+
+
 def plot(rows: Sequence[dict[str, Any]], path: Path) -> None:
-    """Rolling test-then-train accuracy (digits) or loss (camera) over the stream, seed 0."""
+    """Rolling test-then-train accuracy (digits) or loss (camera) over the stream, seed 0: one
+    colour per grad mode, one line style per compensation, sequential in black."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -289,23 +294,26 @@ def plot(rows: Sequence[dict[str, Any]], path: Path) -> None:
 
     stream_names = list(dict.fromkeys(r["stream"] for r in rows))
     depths = sorted({r["depth"] for r in rows if r["depth"] > 1})
-    fig, axes = plt.subplots(len(stream_names), len(depths), figsize=(5 * len(depths), 3.6 * len(stream_names)),
-                             squeeze=False, sharex=True)
+    fig, axes = plt.subplots(len(stream_names), len(depths), figsize=(5 * len(depths) + 2.5, 3.6 * len(stream_names)),
+                             squeeze=False, sharex=True, layout="constrained")
     for (i, stream), (j, depth) in itertools.product(enumerate(stream_names), enumerate(depths)):
         ax = axes[i][j]
         for row in rows:
             if row["stream"] != stream or row["seed"] != 0 or row["depth"] not in (1, depth):
                 continue
             xs = [k * row["frames"] / len(row["history"]) for k in range(len(row["history"]))]
-            style = dict(color="black", linewidth=2) if row["depth"] == 1 else dict(linewidth=1)
+            if row["depth"] == 1:
+                style = dict(color="black", linewidth=2)
+            else:
+                style = dict(color=MODE_COLOURS.get(row["grad_mode"]), linewidth=1,
+                             linestyle=COMPENSATION_LINES.get(row["compensation"], "-"))
             ax.plot(xs, row["history"], label=row["label"].replace(f"D={depth} ", ""), **style)
         ax.set_title(f"{stream}, D = {depth}")
         ax.set_xlabel("sample")
         ax.set_ylabel("rolling loss" if stream == "camera" else "rolling accuracy")
         if stream == "camera":
             ax.set_yscale("log")
-    axes[0][-1].legend(fontsize=7, loc="lower right")
-    fig.tight_layout()
+    fig.legend(*axes[0][-1].get_legend_handles_labels(), loc="outside right upper", fontsize=8)
     fig.savefig(path, dpi=90)
     plt.close(fig)
 
