@@ -59,11 +59,13 @@ def test_delay_correction_shrinks_a_late_gradient_by_the_steps_taken_since(moved
 
 def test_unknown_compensation():
     assert check_compensation("lr-scale") == ("lr-scale",)
-    with pytest.raises(ValueError, match="unknown compensation 'magic'; choose from lr-scale, weight-prediction, delay-correction"):
+    expected = "unknown compensation 'magic'; choose from lr-scale, weight-prediction, delay-correction"
+    with pytest.raises(ValueError, match=expected):
         partime.Pipeline(mlp(), 2, compensation=["magic"])
 
 
-@pytest.mark.parametrize("compensation", [("lr-scale",), ("weight-prediction",), ("delay-correction",), ("lr-scale", "weight-prediction", "delay-correction")])
+@pytest.mark.parametrize("compensation", [("lr-scale",), ("weight-prediction",), ("delay-correction",),
+                                          ("lr-scale", "weight-prediction", "delay-correction")])
 def test_compensation_changes_learning_only_where_there_is_delay_and_matches_in_processes(compensation):
     xs, ys = classification_stream(60)
     kw = dict(loss_fn=nn.CrossEntropyLoss(), optimizer=lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.5))

@@ -1,7 +1,7 @@
 """Staleness compensation: what a stage can do about learning from late gradients (internal).
 
 Stage ``i`` of a pipeline of depth ``D`` applies each gradient ``τ_i = 2(D - 1 - i)`` steps
-after the forward it belongs to (SPEC.md). Two remedies from the literature, each an option of
+after the forward it belongs to (SPEC.md). Three remedies after the literature, each an option of
 ``Pipeline(compensation=...)`` and each measured by ``partime fidelity`` before it is kept:
 
 ``"lr-scale"``: delay-aware step size, after PipeMare (Yang et al., "PipeMare: Asynchronous
@@ -24,16 +24,17 @@ after the forward it belongs to (SPEC.md). Two remedies from the literature, eac
     the correction is a scalar: ``g · (1 + gᵀ(θ_now − θ_then))``, clipped to ``[0, 1]`` times
     ``g``. When the stage's steps since the forward already went the way ``g`` asks (a digit held
     for several frames sends its gradient again and again), ``gᵀΔθ < 0`` and the late gradient is
-    shrunk by how much of it was already applied; it is never enlarged (enlarging diverged). It
-    keeps one copy of the stage's weights per sample in flight (in ``weight-stash`` mode, the
-    copies that mode stashes already).
+    shrunk by how much of it was already applied. It is never enlarged: allowed to, it lost
+    half the accuracy on moving digits at D = 8. It keeps one copy of the stage's weights per
+    sample in flight (in ``weight-stash`` mode, the copies that mode stashes already).
 
 With ``D = 1`` every delay is 0 and each is exactly plain online learning.
 
 Measured (``partime fidelity``, moving digits at D = 8 with ``stash``, 6 seeds,
 ``docs/fidelity-d8.md``): ``delay-correction`` brings the gap to sequential online learning from
 3.0 to 1.9 points, and on the shuffled control from 12.0 to 3.3; ``lr-scale`` and
-``weight-prediction`` widen it (12.4 and 12.0 points on moving digits).
+``weight-prediction`` widen it (12.4 and 12.0 points on moving digits). At D = 4 on moving
+digits ``delay-correction`` does worse than nothing (2.6 points against 1.7, 3 seeds).
 
 Measured and not kept: DC-ASGD's own diagonal form, ``g + λ g ⊙ g ⊙ (θ_now − θ_then)``, gave
 no gain on moving digits at D = 4 and 8 (within noise in five configurations).
