@@ -6,6 +6,7 @@ from torch import nn
 
 import partime
 from partime.compensation import DelayCorrection, StepSizeScale, WeightPredictor, check_compensation, delay
+from partime.stage import Stage, StageConfig
 
 from models import classification_stream, mlp
 
@@ -79,3 +80,23 @@ def test_compensation_changes_learning_only_where_there_is_delay_and_matches_in_
     assert runs["inline"][0] != runs["plain"][0]
     # the last stage has no delay: its first step is the plain one; stage 0's is not
     assert runs["inline"][0][:2] == runs["plain"][0][:2]
+
+
+@pytest.mark.parametrize("grad_mode", ["stash", "weight-stash"])
+def test_delay_correction_keeps_one_copy_of_the_weights_per_sample_in_flight(grad_mode):
+    config = StageConfig(depth=2, loss_fn=nn.MSELoss(), optimizer=lambda p: torch.optim.SGD(p, lr=0.1),
+                         grad_mode=grad_mode, compensation=("delay-correction",))
+    stage = Stage(0, nn.Linear(3, 2), config)  # delay 2
+    for sample in range(3):
+        stage.forward(sample, torch.randn(1, 3))
+    assert sorted(stage._anchors) == [0, 1, 2]
+    anchor, weight = stage._anchors[0][0], stage.module.weight
+    assert torch.equal(anchor, weight) and anchor.data_ptr() != weight.data_ptr()
+    stashed = stage._pending[0].weights
+    assert bool(stashed) == (grad_mode == "weight-stash")
+    if stashed:  # weight-stash keeps a copy already: the anchor is that copy
+        assert anchor.data_ptr() == stashed[0].data_ptr()
+    stage.backward(0, torch.ones(1, 2))
+    assert sorted(stage._anchors) == [1, 2]
+    stage.drop(1)
+    assert sorted(stage._anchors) == [2]
