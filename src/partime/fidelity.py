@@ -186,19 +186,13 @@ def cut(stream: str, depth: int, how: str = "planned") -> tuple[int, ...]:
 def configs(stream_names: Sequence[str], depths: Sequence[int], seeds: int, how: str = "planned") -> list[Config]:
     """Sequential, and every grad mode and compensation at each depth, for each seed; every run
     of one model at one depth cut the same way (``cut``): the shuffled control as moving digits."""
-    planned: dict[tuple[str, int], tuple[int, ...]] = {}
-
-    def cut_of(stream: str, depth: int) -> tuple[int, ...]:
-        model = "camera" if stream == "camera" else "digits"
-        if (model, depth) not in planned:
-            planned[model, depth] = cut(model, depth, how)
-        return planned[model, depth]
-
+    models = {stream: "camera" if stream == "camera" else "digits" for stream in stream_names}
+    cuts = {(model, depth): cut(model, depth, how) for model in dict.fromkeys(models.values()) for depth in depths}
     out = []
     for stream, seed in itertools.product(stream_names, range(seeds)):
         out.append(Config(stream, 1, seed=seed))
         for depth, mode, comp in itertools.product(depths, GRAD_MODES, COMPENSATIONS):
-            out.append(Config(stream, depth, mode, comp, seed, cut_of(stream, depth)))
+            out.append(Config(stream, depth, mode, comp, seed, cuts[models[stream], depth]))
     return out
 
 

@@ -123,13 +123,14 @@ class Stage:
                 return self.module(value)
         tensors = as_tensors(value, f"input of stage {self.index}")
         record = _Forward(sample, tuple(self._leaf(t) for t in tensors), not isinstance(value, Tensor))
+        now: list[Tensor] = []  # a copy of the weights now, if the grad mode keeps one
         if self._predictor is not None:
             record.weights = self._predictor.predict()
         elif self.config.grad_mode == "weight-stash":
             record.weights = [p.detach().clone().requires_grad_() for p in self._params]
+            now = [w.detach() for w in record.weights]
         if self._corrector is not None:
-            stashed = self._predictor is None and self.config.grad_mode == "weight-stash"  # the weights now
-            self._anchors[sample] = [w.detach() for w in record.weights] if stashed else self._corrector.anchor()
+            self._anchors[sample] = now or self._corrector.anchor()
         record.outputs = self._run(record)
         if self.config.grad_mode == "partime":
             self._newest = record
