@@ -48,6 +48,30 @@ def test_summary_gaps_are_against_sequential():
     assert "| D=2 stash | 75.0% (-5.0) | 0.01200 (+20.0%) |" in table
 
 
+def test_the_end_of_the_stream_has_its_own_gap():
+    rows = [dict(stream="digits", label="sequential", depth=1, accuracy=0.80, late_accuracy=0.90),
+            dict(stream="digits", label="D=2 stash", depth=2, accuracy=0.75, late_accuracy=0.88),
+            dict(stream="camera", label="sequential", depth=1, loss=0.010, late_loss=0.004),
+            dict(stream="camera", label="D=2 stash", depth=2, loss=0.012, late_loss=0.005)]
+    lines = {(line["stream"], line["label"]): line for line in fid.summarise(rows)}
+    assert lines["digits", "D=2 stash"]["late_gap"] == pytest.approx(-2.0)
+    assert lines["camera", "D=2 stash"]["late_gap"] == pytest.approx(25.0)
+    table = fid.markdown(list(lines.values()))
+    assert "| D=2 stash | 75.0% (-5.0; end -2.0) | 0.01200 (+20.0%; end +25.0%) |" in table
+    assert "| sequential | 80.0% (+0.0) | 0.01000 (+0.0%) |" in table
+
+
+@pytest.mark.parametrize("stream", ["digits", "camera"])
+def test_the_last_quarter_is_scored_on_its_own(stream):
+    # the streams are the same up to any length: the 4th frame's score is what 4 frames add to 3
+    config = fid.Config(stream, 2, "stash")
+    three, four = fid.run(config, 3), fid.run(config, 4)
+    if stream == "digits":
+        assert four["late_accuracy"] == pytest.approx(4 * four["accuracy"] - 3 * three["accuracy"])
+    else:  # the loss is a mean over results, one result per frame
+        assert four["late_loss"] == pytest.approx(4 * four["loss"] - 3 * three["loss"], rel=1e-5)
+
+
 def test_a_tiny_run_writes_json_markdown_and_png(tmp_path):
     args = ["fidelity", "--frames", "12", "--seeds", "1", "--depths", "2", "--streams", "digits,camera",
             "--jobs", "1", "--out", str(tmp_path)]

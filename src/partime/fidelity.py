@@ -136,6 +136,8 @@ def run(config: Config, frames: int) -> dict[str, Any]:
     if ys is not None:
         ys = _recording(ys, targets)
     metrics = OnlineMetrics(window=500)
+    late = OnlineMetrics(window=500)  # the last quarter of the stream: what the delay costs once learnt
+    late_from = frames - frames // 4
     diverged_at = None
     balance = list(config.balance) if config.balance else even_balance(len(model), config.depth)
     with Pipeline(model, balance, executor="inline", loss_fn=loss_fn,
@@ -145,18 +147,29 @@ def run(config: Config, frames: int) -> dict[str, Any]:
             for result in pipe.stream(xs, ys):
                 # test-then-train: the output was computed before this sample's gradient was applied
                 target = targets[result.index] if targets else None
-                metrics.update(result.output[0] if camera else result.output, target, result.loss)
+                output = result.output[0] if camera else result.output
+                metrics.update(output, target, result.loss)
+                if result.index >= late_from:
+                    late.update(output, target, result.loss)
         except StageError as exc:
             if "not finite" not in exc.message:
                 raise
             diverged_at = exc.sample  # learning blew up: a result of its own, not a failure of the run
     history = metrics.history()["rolling_loss" if camera else "rolling_accuracy"]
-    accuracy = None
+    accuracy = late_accuracy = None
     if not camera:  # the samples after a divergence count as misses
-        accuracy = metrics.accuracy * metrics.rows / (frames * BATCH) if metrics.rows else 0.0
+        accuracy = _share_correct(metrics, frames)
+        late_accuracy = _share_correct(late, frames - late_from)
+    diverged = diverged_at is not None
     return dict(asdict(config), balance=balance, label=config.label, frames=frames, accuracy=accuracy,
-                loss=None if diverged_at is not None else metrics.loss, diverged_at=diverged_at,
+                loss=None if diverged else metrics.loss, late_accuracy=late_accuracy,
+                late_loss=None if diverged or not late.count else late.loss, diverged_at=diverged_at,
                 history=history[:: max(1, len(history) // 200)])
+
+
+def _share_correct(metrics: OnlineMetrics, frames: int) -> float:
+    """The share of the ``frames × BATCH`` rows that ``metrics`` scored correct (unscored rows are misses)."""
+    return metrics.accuracy * metrics.rows / (frames * BATCH) if metrics.rows else 0.0
 
 
 def _recording(ys: Iterator[Tensor], into: list[Tensor]) -> Iterator[Tensor]:
@@ -215,7 +228,9 @@ def run_all(cfgs: Sequence[Config], frames: int, jobs: int = 1,
 
 
 def summarise(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One line per stream and configuration: the mean over seeds, and the gap to sequential.
+    """One line per stream and configuration: the mean over seeds, and the gap to sequential,
+    over the whole stream (``value``, ``gap``) and over its last quarter (``late_value``,
+    ``late_gap``: what the delay still costs once the model has learnt most of what it will).
 
     The gap is in percentage points of accuracy (pipeline minus sequential) for the digits, and
     in percent of the sequential loss for the camera (positive: the pipeline's loss is higher).
@@ -232,17 +247,27 @@ def summarise(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         ok = None not in values
         lines.append(dict(stream=stream, label=label, depth=group[0]["depth"], balance=group[0].get("balance"), metric=key,
                           value=statistics.mean(values) if ok else None,
-                          spread=statistics.pstdev(values) if ok else None, seeds=len(group),
-                          diverged=sum(r.get("diverged_at") is not None for r in group)))
+                          spread=statistics.pstdev(values) if ok else None,
+                          late_value=_mean_or_none([r.get(f"late_{key}") for r in group]),
+                          seeds=len(group), diverged=sum(r.get("diverged_at") is not None for r in group)))
     for line in lines:
-        base = next(x["value"] for x in lines if x["stream"] == line["stream"] and x["depth"] == 1)
-        if line["value"] is None or base is None:
-            line["gap"] = None
-        elif line["metric"] == "accuracy":
-            line["gap"] = 100 * (line["value"] - base)
-        else:
-            line["gap"] = 100 * (line["value"] - base) / base
+        base = next(x for x in lines if x["stream"] == line["stream"] and x["depth"] == 1)
+        line["gap"] = _gap(line["value"], base["value"], line["metric"])
+        line["late_gap"] = _gap(line["late_value"], base["late_value"], line["metric"])
     return lines
+
+
+def _mean_or_none(values: Sequence[float | None]) -> float | None:
+    return None if None in values else statistics.mean(values)
+
+
+def _gap(value: float | None, base: float | None, metric: str) -> float | None:
+    """``value`` against sequential's ``base``: points of accuracy, or percent of the loss."""
+    if value is None or base is None:
+        return None
+    if metric == "accuracy":
+        return 100 * (value - base)
+    return 100 * (value - base) / base
 
 
 def markdown(lines: Sequence[dict[str, Any]]) -> str:
@@ -264,14 +289,22 @@ def markdown(lines: Sequence[dict[str, Any]]) -> str:
             elif line["value"] is None:
                 cells.append(f"diverged ({line['diverged']}/{line['seeds']})")
             elif line["metric"] == "accuracy":
-                cells.append(f"{100 * line['value']:.1f}% ({line['gap']:+.1f}{note})")
+                cells.append(f"{100 * line['value']:.1f}% ({line['gap']:+.1f}{_late(line, '')}{note})")
             else:
-                cells.append(f"{line['value']:.5f} ({line['gap']:+.1f}%{note})")
+                cells.append(f"{line['value']:.5f} ({line['gap']:+.1f}%{_late(line, '%')}{note})")
         out.append(f"| {label} | " + " | ".join(cells) + " |")
+    if any(line.get("late_gap") is not None and line["depth"] > 1 for line in lines):
+        out += ["", "In brackets: the gap to sequential over the whole stream; after \"end\", over its last quarter."]
     cuts = {(line["stream"], line["depth"]): line["balance"] for line in lines if line["depth"] > 1 and line["balance"]}
     if cuts:
         out += ["", "Layers per stage: " + "; ".join(f"{s} D={d} {list(b)}" for (s, d), b in cuts.items()) + "."]
     return "\n".join(out) + "\n"
+
+
+def _late(line: dict[str, Any], unit: str) -> str:
+    if line.get("late_gap") is None or line["depth"] == 1:
+        return ""
+    return f"; end {line['late_gap']:+.1f}{unit}"
 
 
 MODE_COLOURS = {"partime": "tab:red", "stash": "tab:blue", "weight-stash": "tab:green"}
