@@ -3,7 +3,9 @@
 Every configuration (a stream, a depth D, a grad mode, a compensation, a seed) learns online,
 test-then-train, through the ``inline`` executor: the numbers are those of a real D-stage
 pipeline (the executors are tested equal), but the run measures learning, not hardware, and
-needs one core. D = 1 is sequential online learning.
+needs one core. D = 1 is sequential online learning. Each run is scored over the whole stream
+and over its last quarter alone: the first says what the delay costs in all, the second what it
+still costs once most has been learnt.
 
 The cut at each depth is, by default, the one a ``Pipeline`` given ``balance=D`` chooses when it
 learns (``delay_cut``: as fast as the fastest cut within 10%, with the fewest weights delayed),
