@@ -330,9 +330,10 @@ def one_thread() -> Iterator[None]:
 
 
 def _one_heavy_child() -> nn.Sequential:
-    # Child 2 costs ~2 * 256 * 16 * 4096 * 2 flops; the others ~256 * 16 * 16 * 2 each.
+    # Child 2 costs ~2 * 256 * 16 * 16384 * 2 flops, 2000 times each of the others (~256 * 16 * 16 * 2);
+    # with their fixed cost per call, three tiny children still take well under DELAY_SLACK of its time.
     tiny = [nn.Linear(16, 16) for _ in range(5)]
-    heavy = nn.Sequential(nn.Linear(16, 4096), nn.Linear(4096, 16))
+    heavy = nn.Sequential(nn.Linear(16, 16384), nn.Linear(16384, 16))
     return nn.Sequential(tiny[0], tiny[1], heavy, tiny[2], tiny[3], tiny[4])
 
 
