@@ -38,14 +38,20 @@ if __name__ == "__main__":
 """
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL], ids=lambda s: s.name)
 def test_a_signal_to_the_caller_ends_it_with_its_workers_and_shared_memory(signum, tmp_path):
     script = tmp_path / "stream_forever.py"
     script.write_text(textwrap.dedent(SCRIPT))
     tests = Path(__file__).parent
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tests.parent / "src"), str(tests)]))
+    # as from a terminal: a job that a shell started in the background (`make test &`) has SIGINT
+    # ignored, and its children inherit that, so Ctrl-C's default is given back to the caller
     main = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env=env, text=True)
+                            env=env, text=True, preexec_fn=_default_sigint)
     try:
         assert main.stdout.readline() == "running\n", main.stderr.read()
         family = psutil.Process(main.pid).children(recursive=True)
