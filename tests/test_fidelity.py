@@ -68,8 +68,10 @@ def test_the_last_quarter_is_scored_on_its_own(stream):
     three, four = fid.run(config, 3), fid.run(config, 4)
     if stream == "digits":
         assert four["late_accuracy"] == pytest.approx(4 * four["accuracy"] - 3 * three["accuracy"])
+        assert three["late_accuracy"] is None  # 3 // 4 = 0 frames in the last quarter
     else:  # the loss is a mean over results, one result per frame
         assert four["late_loss"] == pytest.approx(4 * four["loss"] - 3 * three["loss"], rel=1e-5)
+        assert three["late_loss"] is None
 
 
 def test_a_tiny_run_writes_json_markdown_and_png(tmp_path):
