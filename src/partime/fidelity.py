@@ -161,7 +161,8 @@ def run(config: Config, frames: int) -> dict[str, Any]:
     accuracy = late_accuracy = None
     if not camera:  # the samples after a divergence count as misses
         accuracy = _share_correct(metrics, frames)
-        late_accuracy = _share_correct(late, frames - late_from) if frames >= 4 else None  # under 4 frames: no last quarter
+        if frames >= 4:  # under 4 frames there is no last quarter
+            late_accuracy = _share_correct(late, frames - late_from)
     diverged = diverged_at is not None
     return dict(asdict(config), balance=balance, label=config.label, frames=frames, accuracy=accuracy,
                 loss=None if diverged else metrics.loss, late_accuracy=late_accuracy,
