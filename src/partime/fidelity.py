@@ -247,10 +247,9 @@ def summarise(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     for (stream, label), group in groups.items():
         key = "loss" if stream == "camera" else "accuracy"
         values = [r[key] for r in group]
-        ok = None not in values
-        lines.append(dict(stream=stream, label=label, depth=group[0]["depth"], balance=group[0].get("balance"), metric=key,
-                          value=statistics.mean(values) if ok else None,
-                          spread=statistics.pstdev(values) if ok else None,
+        lines.append(dict(stream=stream, label=label, depth=group[0]["depth"], balance=group[0].get("balance"),
+                          metric=key, value=_mean_or_none(values),
+                          spread=None if None in values else statistics.pstdev(values),
                           late_value=_mean_or_none([r.get(f"late_{key}") for r in group]),
                           seeds=len(group), diverged=sum(r.get("diverged_at") is not None for r in group)))
     for line in lines:
@@ -261,6 +260,7 @@ def summarise(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _mean_or_none(values: Sequence[float | None]) -> float | None:
+    """The mean over seeds; None if any seed has none (a diverged loss, a run with no last quarter)."""
     return None if None in values else statistics.mean(values)
 
 
@@ -305,6 +305,7 @@ def markdown(lines: Sequence[dict[str, Any]]) -> str:
 
 
 def _late(line: dict[str, Any], unit: str) -> str:
+    """A table cell's last-quarter gap (``"; end -0.6"``); nothing for sequential or where there is none."""
     if line.get("late_gap") is None or line["depth"] == 1:
         return ""
     return f"; end {line['late_gap']:+.1f}{unit}"
