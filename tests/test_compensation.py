@@ -5,7 +5,8 @@ import torch
 from torch import nn
 
 import partime
-from partime.compensation import DelayCorrection, StepSizeScale, WeightPredictor, check_compensation, delay
+from partime.compensation import (DELAY_CORRECTION_FLOOR, DelayCorrection, StepSizeScale, WeightPredictor,
+                                  check_compensation, delay, output_units)
 from partime.stage import Stage, StageConfig
 
 from models import classification_stream, mlp
@@ -42,20 +43,53 @@ def test_weight_predictor_extrapolates_along_the_velocity():
 
 
 @pytest.mark.parametrize("moved, grad, factor", [
-    ([-0.5, 0.5], [1.0, 0.2], 0.6),  # the steps since went -0.4 along g: 1 - 0.4
+    ([-0.5, 0.5], [1.0, 0.2], 1 - 1.5 * 0.4),  # the steps since went -0.4 along g: 1 + λ (-0.4)
     ([0.5, 0.0], [1.0, 0.2], 1.0),  # they went against g: never enlarged
-    ([-2.0, 0.0], [1.0, 0.2], 0.0),  # more than g asks: nothing left of it
+    ([-2.0, 0.0], [1.0, 0.2], DELAY_CORRECTION_FLOOR),  # more than g asks: the least share is kept
 ])
 def test_delay_correction_shrinks_a_late_gradient_by_the_steps_taken_since(moved, grad, factor):
-    param = nn.Parameter(torch.tensor([1.0, 2.0]))
-    correction = DelayCorrection([param])
+    param = nn.Parameter(torch.tensor([[1.0, 2.0]]))  # one output unit
+    correction = DelayCorrection([("weight", param)], strength=1.5)
     anchor = correction.anchor()
     with torch.no_grad():
-        param += torch.tensor(moved)
-    param.grad = torch.tensor(grad)
-    assert correction.correct(anchor) == pytest.approx(factor)
-    assert param.grad.tolist() == pytest.approx([factor * g for g in grad])
-    assert anchor[0].tolist() == [1.0, 2.0]
+        param += torch.tensor([moved])
+    param.grad = torch.tensor([grad])
+    [factors] = correction.correct(anchor)
+    assert factors.tolist() == pytest.approx([factor])
+    assert param.grad[0].tolist() == pytest.approx([factor * g for g in grad])
+    assert anchor[0].tolist() == [[1.0, 2.0]]
+
+
+def test_delay_correction_has_one_factor_per_output_unit_shared_by_its_weights_and_bias():
+    layer = nn.Linear(2, 3)
+    correction = DelayCorrection(list(layer.named_parameters()), strength=1.0)
+    anchor = correction.anchor()
+    with torch.no_grad():  # unit 0 moved along its gradient, unit 1 against it, unit 2 not at all
+        layer.weight += torch.tensor([[-0.1, -0.1], [0.3, 0.0], [0.0, 0.0]])
+        layer.bias += torch.tensor([-0.2, 0.0, 0.0])
+    layer.weight.grad = torch.ones(3, 2)
+    layer.bias.grad = torch.ones(3)
+    [factors] = correction.correct(anchor)
+    assert factors.tolist() == pytest.approx([1 - 0.4, 1.0, 1.0])  # unit 0: gᵀΔθ = -0.1 - 0.1 - 0.2
+    assert layer.weight.grad.flatten().tolist() == pytest.approx([0.6, 0.6, 1.0, 1.0, 1.0, 1.0])
+    assert layer.bias.grad.tolist() == pytest.approx([0.6, 1.0, 1.0])
+
+
+def test_output_units_group_a_layers_parameters_by_their_first_dimension():
+    model = nn.Sequential(nn.Conv2d(1, 4, 3), nn.ReLU(), nn.Linear(4, 2))
+    named = list(model.named_parameters()) + [("scale", nn.Parameter(torch.tensor(1.0)))]
+    assert output_units(named) == [[0, 1], [2, 3], [4]]
+
+
+def test_delay_correction_scales_a_scalar_parameter_too():
+    scale = nn.Parameter(torch.tensor(1.0))
+    correction = DelayCorrection([("scale", scale)], strength=1.0)
+    anchor = correction.anchor()
+    with torch.no_grad():
+        scale -= 0.5
+    scale.grad = torch.tensor(1.0)
+    [factors] = correction.correct(anchor)
+    assert factors.tolist() == [0.5] and scale.grad.item() == 0.5
 
 
 def test_unknown_compensation():

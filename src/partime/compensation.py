@@ -19,25 +19,42 @@ after the forward it belongs to (SPEC.md). Three remedies after the literature, 
 ``"delay-correction"``: the late gradient corrected, to first order, for the steps the stage
     took while it was on its way, after DC-ASGD (Zheng et al., "Asynchronous Stochastic Gradient
     Descent with Delay Compensation", ICML 2017). Its Taylor expansion
-    ``g(θ_now) ≈ g + H (θ_now − θ_then)`` needs the Hessian ``H``; DC-ASGD takes the outer
-    product ``g gᵀ`` of the gradient with itself and then keeps only its diagonal. Kept whole,
-    the correction is a scalar: ``g · (1 + gᵀ(θ_now − θ_then))``, clipped to ``[0, 1]`` times
-    ``g``. When the stage's steps since the forward already went the way ``g`` asks (a digit held
-    for several frames sends its gradient again and again), ``gᵀΔθ < 0`` and the late gradient is
-    shrunk by how much of it was already applied. It is never enlarged: allowed to, it lost
-    half the accuracy on moving digits at D = 8. It keeps one copy of the stage's weights per
-    sample in flight (in ``weight-stash`` mode, the copies that mode stashes already).
+    ``g(θ_now) ≈ g + H (θ_now − θ_then)`` needs the Hessian ``H``; DC-ASGD takes ``λ g gᵀ``, the
+    outer product of the gradient with itself times a tuned ``λ``, and keeps only its diagonal.
+    Here it is kept whole within each output unit of a layer (a convolution's filter with its
+    bias, a linear layer's row) and dropped between units, so that each unit's part ``g_u`` of
+    the gradient is scaled by ``1 + λ g_uᵀ(θ_u now − θ_u then)``, clipped to
+    ``[DELAY_CORRECTION_FLOOR, 1]``. When a unit's steps since the forward already went the way
+    ``g_u`` asks (a digit held for several frames sends its gradient again and again),
+    ``g_uᵀΔθ_u < 0`` and the late gradient is shrunk by how much of it was already applied. It is
+    never enlarged (allowed to, one factor for the whole stage lost half the accuracy on moving
+    digits at D = 8), and never shrunk below a quarter (without that floor, at D = 4 the first
+    convolution's factors fell to 0.02 while its gradients grew, and a seed collapsed to 43%).
+    It keeps one copy of the stage's weights per sample in flight (in ``weight-stash`` mode, the
+    copies that mode stashes already). ``λ = DELAY_CORRECTION_STRENGTH = 16`` and the floor
+    were chosen on moving digits at D = 8 (seeds 0 to 5; λ from 1 to 256) and checked on 12
+    other seeds; they suit SGD at that step size (0.07) and may not suit another.
 
 With ``D = 1`` every delay is 0 and each is exactly plain online learning.
 
-Measured (``partime fidelity``, moving digits at D = 8 with ``stash``, 6 seeds,
+Measured (``partime fidelity``, moving digits at D = 8 with ``stash``, 12 seeds,
 ``docs/fidelity-d8.md``): ``delay-correction`` brings the gap to sequential online learning from
-3.0 to 1.9 points, and on the shuffled control from 12.0 to 3.3; ``lr-scale`` and
-``weight-prediction`` widen it (12.4 and 12.0 points on moving digits). At D = 4 on moving
-digits ``delay-correction`` does worse than nothing (2.6 points against 1.7, 3 seeds).
+6.2 points (one seed collapsed) to 0.4, and on the shuffled control from 9.6 to 2.4;
+``lr-scale`` and ``weight-prediction`` widen it (11.9 and 10.1 points on moving digits). At
+D = 4 on moving digits ``delay-correction`` does worse than nothing (4.7 points against 1.7,
+3 seeds).
 
-Measured and not kept: DC-ASGD's own diagonal form, ``g + λ g ⊙ g ⊙ (θ_now − θ_then)``, gave
-no gain on moving digits at D = 4 and 8 (within noise in five configurations).
+Measured and not kept (moving digits, D = 8, ``stash``, 6 seeds unless said):
+
+- one factor for the whole stage, ``clip(1 + gᵀΔθ, 0, 1)`` (this option's first form): 1.9 points
+  behind; on 12 other seeds one of them collapsed (72 points behind);
+- DC-ASGD's own diagonal form, ``g + λ g ⊙ g ⊙ Δθ``: no gain at D = 4 and 8 (within noise in
+  five configurations);
+- one factor per row of each parameter (a filter's bias apart from its weights): 1.2 points;
+- ``λ`` divided by the root of the unit's recent mean squared gradient (DC-ASGD's adaptive
+  form): 1.4 points at best (λ 1 and 4 tried), 7.8 behind over the first eighth of the stream;
+- ``λ`` divided by that mean square itself, or by the current squared gradient (scale-free): 2.9
+  points at best, slower at first, when every gradient points the same way.
 """
 
 from __future__ import annotations
@@ -51,6 +68,12 @@ COMPENSATIONS = ("lr-scale", "weight-prediction", "delay-correction")
 
 LR_ANNEAL_STEPS = 2000
 """Steps over which ``lr-scale`` anneals a stage's step size back to the optimizer's own."""
+
+DELAY_CORRECTION_STRENGTH = 16.0
+"""``λ`` of ``delay-correction``: how strongly the steps since a forward shrink its late gradient."""
+
+DELAY_CORRECTION_FLOOR = 0.25
+"""The least share of a late gradient that ``delay-correction`` keeps."""
 
 VELOCITY_MOMENTUM = 0.9
 """How much of its previous value the velocity estimate of ``weight-prediction`` keeps per step."""
@@ -118,27 +141,53 @@ class WeightPredictor:
 
 
 class DelayCorrection:
-    """DC-ASGD's correction of a late gradient with the full outer product (``"delay-correction"``).
+    """DC-ASGD's correction of a late gradient, one factor per output unit (``"delay-correction"``).
 
-    ``anchor()`` copies the weights when a sample goes forward; ``correct(anchor)``, called with
-    the gradient of that sample in the parameters' ``.grad``, scales it in place by
-    ``clip(1 + gᵀ(θ_now − θ_anchor), 0, 1)`` and returns the factor.
+    A stage's parameters fall into output units: row ``r`` of every parameter of one layer whose
+    first dimension has the same length (a convolution's filter ``r`` and its bias ``r``; a
+    linear layer's output ``r``). ``anchor()`` copies the weights when a sample goes forward;
+    ``correct(anchor)``, called with the gradient of that sample in the parameters' ``.grad``,
+    scales each unit's part ``g_u`` of it in place by
+    ``clip(1 + λ g_uᵀ(θ_u now − θ_u at the anchor), floor, 1)`` with ``λ = strength``, and returns
+    the factors, one tensor per layer's units.
     """
 
-    def __init__(self, params: Sequence[Tensor]):
-        self.params = list(params)
+    def __init__(self, named: Sequence[tuple[str, Tensor]], strength: float | None = None):
+        self.params = [p for _, p in named]
+        self.strength = DELAY_CORRECTION_STRENGTH if strength is None else strength
+        self.groups = output_units(named)  # the parameters that share one set of units
 
     def anchor(self) -> list[Tensor]:
         """Copies of the weights now, for the gradient of the sample going forward."""
         return [p.detach().clone() for p in self.params]
 
     @torch.no_grad()
-    def correct(self, anchor: Sequence[Tensor]) -> float:
-        """Scale the gradients in ``.grad`` for the steps taken since ``anchor``; the factor."""
-        moved = sum((p.grad * (p - then)).sum() for p, then in zip(self.params, anchor) if p.grad is not None)
-        factor = min(max(1.0 + float(moved), 0.0), 1.0)
-        if factor != 1.0:
-            for p in self.params:
-                if p.grad is not None:
-                    p.grad.mul_(factor)
-        return factor
+    def correct(self, anchor: Sequence[Tensor]) -> list[Tensor]:
+        """Scale the gradients in ``.grad`` for the steps taken since ``anchor``; the factors."""
+        factors = []
+        for group in self.groups:
+            group = [i for i in group if self.params[i].grad is not None]
+            if not group:
+                continue
+            moved = sum(_per_row(self.params[i].grad * (self.params[i] - anchor[i])) for i in group)
+            factor = (1.0 + self.strength * moved).clamp_(DELAY_CORRECTION_FLOOR, 1.0)
+            for i in group:
+                grad = self.params[i].grad
+                grad.mul_(factor.reshape(-1, *([1] * (grad.dim() - 1))) if grad.dim() else factor[0])
+            factors.append(factor)
+        return factors
+
+
+def output_units(named: Sequence[tuple[str, Tensor]]) -> list[list[int]]:
+    """The parameters (by position in ``named``) that share output units: those of one layer
+    (the same name up to its last dot) whose first dimension has the same length."""
+    units: dict[tuple[str, int], list[int]] = {}
+    for i, (name, param) in enumerate(named):
+        layer = name.rpartition(".")[0]
+        units.setdefault((layer, param.shape[0] if param.dim() else 1), []).append(i)
+    return list(units.values())
+
+
+def _per_row(t: Tensor) -> Tensor:
+    """The sum of ``t`` over every dimension but the first (a scalar counts as one row)."""
+    return t.reshape(t.shape[0] if t.dim() else 1, -1).sum(1)

@@ -107,7 +107,7 @@ class Stage:
             if "weight-prediction" in config.compensation:
                 self._predictor = WeightPredictor(self._params, tau)
             if "delay-correction" in config.compensation and tau > 0:
-                self._corrector = DelayCorrection(self._params)
+                self._corrector = DelayCorrection(named)
         self._anchors: dict[int, list[Tensor]] = {}  # delay-correction: the weights at each forward
         self._newest: _Forward | None = None  # partime: the newest input
         self._pending: dict[int, _Forward] = {}  # stash modes: forwards awaiting their gradient
