@@ -50,7 +50,7 @@ Measured and not kept (moving digits, D = 8, ``stash``, 6 seeds unless said):
   behind; on 12 other seeds one of them collapsed (72 points behind);
 - DC-ASGD's own diagonal form, ``g + λ g ⊙ g ⊙ Δθ``: no gain at D = 4 and 8 (within noise in
   five configurations);
-- one factor per row of each parameter (a filter's bias apart from its weights): 1.2 points;
+- one factor per row of each parameter (a filter's bias apart from its weights): 0.9 to 1.2 points;
 - ``λ`` divided by the root of the unit's recent mean squared gradient (DC-ASGD's adaptive
   form): 1.4 points at best (λ 1 and 4 tried), 7.8 behind over the first eighth of the stream;
 - ``λ`` divided by that mean square itself, or by the current squared gradient (scale-free): 2.9
