@@ -184,10 +184,15 @@ def output_units(named: Sequence[tuple[str, Tensor]]) -> list[list[int]]:
     units: dict[tuple[str, int], list[int]] = {}
     for i, (name, param) in enumerate(named):
         layer = name.rpartition(".")[0]
-        units.setdefault((layer, param.shape[0] if param.dim() else 1), []).append(i)
+        units.setdefault((layer, _rows(param)), []).append(i)
     return list(units.values())
 
 
+def _rows(t: Tensor) -> int:
+    """How many output units ``t`` holds: the length of its first dimension; a scalar holds one."""
+    return t.shape[0] if t.dim() else 1
+
+
 def _per_row(t: Tensor) -> Tensor:
-    """The sum of ``t`` over every dimension but the first (a scalar counts as one row)."""
-    return t.reshape(t.shape[0] if t.dim() else 1, -1).sum(1)
+    """The sum of ``t`` over every dimension but the first, one value per unit."""
+    return t.reshape(_rows(t), -1).sum(1)
