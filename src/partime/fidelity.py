@@ -139,7 +139,8 @@ def run(config: Config, frames: int) -> dict[str, Any]:
         ys = _recording(ys, targets)
     metrics = OnlineMetrics(window=500)
     late = OnlineMetrics(window=500)  # the last quarter of the stream: what the delay costs once learnt
-    late_from = frames - frames // 4
+    late_frames = frames // 4
+    late_from = frames - late_frames
     diverged_at = None
     balance = list(config.balance) if config.balance else even_balance(len(model), config.depth)
     with Pipeline(model, balance, executor="inline", loss_fn=loss_fn,
@@ -161,8 +162,8 @@ def run(config: Config, frames: int) -> dict[str, Any]:
     accuracy = late_accuracy = None
     if not camera:  # the samples after a divergence count as misses
         accuracy = _share_correct(metrics, frames)
-        if frames >= 4:  # under 4 frames there is no last quarter
-            late_accuracy = _share_correct(late, frames - late_from)
+        if late_frames:  # under 4 frames there is no last quarter
+            late_accuracy = _share_correct(late, late_frames)
     diverged = diverged_at is not None
     return dict(asdict(config), balance=balance, label=config.label, frames=frames, accuracy=accuracy,
                 loss=None if diverged else metrics.loss, late_accuracy=late_accuracy,
