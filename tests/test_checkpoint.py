@@ -83,8 +83,9 @@ def resumed(depth, stop, path, ys=True, model=mlp, balance=None, **kw):
         return before + play(pipe, ACTIONS[stop:], ys), pipe.module
 
 
-@pytest.mark.parametrize("compensation", [(), ("lr-scale",), ("weight-prediction",), ("delay-correction",)],
-                         ids=["plain", "lr-scale", "wp", "dc"])
+@pytest.mark.parametrize("compensation", [(), ("lr-scale",), ("weight-prediction",), ("delay-correction",),
+                                          ("optimizer-prediction", "long-momentum"), ("spike",)],
+                         ids=["plain", "lr-scale", "wp", "dc", "op+lm", "spike"])
 @pytest.mark.parametrize("opt", OPTIMIZERS)
 @pytest.mark.parametrize("grad_mode", ["partime", "stash", "weight-stash"])
 @pytest.mark.parametrize("depth", [1, 2, 3])

@@ -37,6 +37,8 @@ LEARNING = {  # every grad mode, each with its own optimizer
 }
 COMPENSATED = dict(loss_fn=nn.CrossEntropyLoss(), optimizer=OPTIMIZERS["sgd"], grad_mode="partime",
                    compensation=("lr-scale", "weight-prediction", "delay-correction"))
+OPTIMIZER_AWARE = dict(loss_fn=nn.CrossEntropyLoss(), optimizer=OPTIMIZERS["adam"], grad_mode="stash",
+                       compensation=("optimizer-prediction", "long-momentum", "spike"))
 SAMPLES = 40
 FAIL_AT = 13
 STOP = 17  # a checkpoint is taken after this many steps, in the middle of the segment
@@ -170,6 +172,7 @@ def rank_main(scenario, out):
         for grad_mode in LEARNING:
             seen[grad_mode] = run("distributed", mlp(), BALANCES[depth], xs, ys, **learning(grad_mode))
         seen["compensated"] = run("distributed", mlp(), BALANCES[depth], xs, ys, **COMPENSATED)
+        seen["optimizer-aware"] = run("distributed", mlp(), BALANCES[depth], xs, ys, **OPTIMIZER_AWARE)
         seen["tuple"] = run("distributed", tuple_model(), TUPLE_BALANCES[depth], xs, loss_fn=reconstruction_loss,
                             optimizer=OPTIMIZERS["sgd"], grad_mode="weight-stash")
         seen["trace"] = trace("distributed", depth)
@@ -282,6 +285,12 @@ def test_staleness_compensation_matches_inline(ranks):
     depth, seen = ranks
     xs, ys = classification_stream(SAMPLES)
     assert_same(seen["compensated"], run("inline", mlp(), BALANCES[depth], xs, ys, **COMPENSATED))
+
+
+def test_optimizer_aware_compensation_matches_inline(ranks):
+    depth, seen = ranks
+    xs, ys = classification_stream(SAMPLES)
+    assert_same(seen["optimizer-aware"], run("inline", mlp(), BALANCES[depth], xs, ys, **OPTIMIZER_AWARE))
 
 
 def test_tuple_activations_and_unsupervised_loss_match_inline(ranks):

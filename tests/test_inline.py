@@ -120,9 +120,11 @@ def test_matches_the_spec_written_by_hand(grad_mode, depth):
         assert len({tuple(v) for v in others.values()}) == 3
 
 
-@pytest.mark.parametrize("compensation", [(), ("lr-scale",), ("weight-prediction",), ("delay-correction",)])
+@pytest.mark.parametrize("compensation", [(), ("lr-scale",), ("weight-prediction",), ("delay-correction",),
+                                          ("optimizer-prediction",), ("spike",), ("long-momentum",), "auto"])
 @pytest.mark.parametrize("grad_mode", ["partime", "stash", "weight-stash"])
-@pytest.mark.parametrize("make_opt", [sgd(0.05), lambda p: torch.optim.Adam(p, lr=1e-3)], ids=["sgd", "adam"])
+@pytest.mark.parametrize("make_opt", [sgd(0.05), lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9),
+                                      lambda p: torch.optim.Adam(p, lr=1e-3)], ids=["sgd", "momentum", "adam"])
 def test_depth_one_is_plain_online_learning(grad_mode, make_opt, compensation):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 3))

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import click
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.progress import TaskID, BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from .executors import EXECUTORS
@@ -132,40 +133,51 @@ def bench_table(rows: list[dict]) -> Table:
     return table
 
 
+def _names(value: str, choices: tuple[str, ...], option: str) -> tuple[str, ...]:
+    names = tuple(n.strip() for n in value.split(",") if n.strip())
+    unknown = [n for n in names if n not in choices]
+    if unknown or not names:
+        raise click.BadParameter(f"choose from {', '.join(choices)}; got {value!r}", param_hint=option)
+    return names
+
+
 @main.command()
-@click.option("--frames", type=click.IntRange(min=10), default=4000, show_default=True,
+@click.option("--frames", type=click.IntRange(min=10), default=3000, show_default=True,
               help="Samples per run (each a batch of 4 frames).")
-@click.option("--seeds", type=click.IntRange(min=1), default=3, show_default=True, help="Seeds per configuration.")
+@click.option("--seeds", type=click.IntRange(min=1), default=2, show_default=True, help="Seeds per configuration.")
 @click.option("--depths", default="2,4,8", show_default=True, callback=_depths, help="Pipeline depths D.")
 @click.option("--streams", "stream_names", default="digits,shuffled,camera", show_default=True,
               help="Streams, comma-separated: digits, shuffled, camera.")
+@click.option("--optimizer", "optimizer_names", default="sgd,momentum,adam", show_default=True,
+              help="Optimizers, comma-separated: sgd, momentum (0.9), adam. Each learns at the step size of its "
+                   "grid that suits sequential learning of each stream best (seed 0).")
 @click.option("--jobs", type=click.IntRange(min=1), default=os.cpu_count() or 1, show_default=True,
               help="Runs at once (each on one core).")
 @click.option("--cut", "how", type=click.Choice(["planned", "even"]), default="planned", show_default=True,
               help="planned: as a learning Pipeline(balance=D) cuts the model; even: as many layers in each stage.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("fidelity"),
               show_default=True, help="Where to write fidelity.json, fidelity.md and fidelity.png.")
-def fidelity(frames: int, seeds: int, depths: tuple[int, ...], stream_names: str, jobs: int, how: str,
-             out_dir: Path) -> None:
+def fidelity(frames: int, seeds: int, depths: tuple[int, ...], stream_names: str, optimizer_names: str, jobs: int,
+             how: str, out_dir: Path) -> None:
     """Measure what learning with delay costs: sequential against D-stage pipelines, test-then-train."""
     from . import fidelity as fid
 
-    names = tuple(n.strip() for n in stream_names.split(",") if n.strip())
-    unknown = [n for n in names if n not in fid.STREAMS]
-    if unknown or not names:
-        raise click.BadParameter(f"choose from {', '.join(fid.STREAMS)}; got {stream_names!r}", param_hint="--streams")
-    configs = fid.configs(names, depths, seeds, how)
+    names = _names(stream_names, fid.STREAMS, "--streams")
+    optimizers = _names(optimizer_names, fid.OPTIMIZERS, "--optimizer")
     console = _console()
     with progress_bar(console) as bar:
-        task = bar.add_task("learning", total=len(configs))
+        def report(task: TaskID) -> Callable[[dict], None]:
+            return lambda row: bar.update(task, advance=1, description=(
+                f"{row['optimizer']} lr {row['lr']:g}: {row['stream']} {row['label']} seed {row['seed']}"))
 
-        def report(row: dict) -> None:
-            bar.update(task, advance=1, description=f"{row['stream']} {row['label']} seed {row['seed']}")
-
-        rows = fid.run_all(configs, frames, jobs=jobs, progress=report)
-    paths = fid.write(rows, out_dir)
+        tuning = fid.tuning_configs(names, optimizers)
+        tuned = fid.run_all(tuning, frames, jobs=jobs, progress=report(bar.add_task("step sizes", total=len(tuning))))
+        configs = fid.configs(names, depths, seeds, how, fid.best_step_sizes(tuned))
+        rows = fid.run_all(configs, frames, jobs=jobs, progress=report(bar.add_task("learning", total=len(configs))))
+    paths = fid.write(rows, out_dir, tuning=tuned)
     console.print(paths["markdown"].read_text())
-    console.print(f"{len(rows)} runs of {frames} samples; written: " + ", ".join(str(p) for p in paths.values()))
+    console.print(f"{len(tuned)} + {len(rows)} runs of {frames} samples; written: "
+                  + ", ".join(str(p) for p in paths.values()))
 
 
 @main.command()

@@ -64,7 +64,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-COMPENSATIONS = ("lr-scale", "weight-prediction", "delay-correction")
+COMPENSATIONS = ("lr-scale", "weight-prediction", "delay-correction", "optimizer-prediction", "spike", "long-momentum")
 
 LR_ANNEAL_STEPS = 2000
 """Steps over which ``lr-scale`` anneals a stage's step size back to the optimizer's own."""
@@ -79,12 +79,44 @@ VELOCITY_MOMENTUM = 0.9
 """How much of its previous value the velocity estimate of ``weight-prediction`` keeps per step."""
 
 
+AUTO = "auto"
+AUTOMATIC = {"sgd": ("delay-correction",), "momentum": ("optimizer-prediction", "long-momentum"),
+             "adam": ("optimizer-prediction", "long-momentum")}
+"""What ``"auto"`` chooses for each kind of optimizer: the configuration of ``stash`` that
+``partime fidelity`` measured best with it (README, "Learning with delay")."""
+
+
+def optimizer_kind(optimizer: torch.optim.Optimizer) -> str | None:
+    """``"sgd"``, ``"momentum"`` or ``"adam"`` (AdamW included); None for any other optimizer."""
+    if isinstance(optimizer, torch.optim.SGD):
+        return "momentum" if any(group["momentum"] for group in optimizer.param_groups) else "sgd"
+    if isinstance(optimizer, torch.optim.Adam):
+        return "adam"
+    return None
+
+
+def chosen_compensation(names: Sequence[str], optimizer: torch.optim.Optimizer) -> tuple[str, ...]:
+    """The options in force for a stage learning with ``optimizer``: ``names``, with ``"auto"``
+    as ``AUTOMATIC`` says for that kind of optimizer (nothing for an optimizer it does not know)."""
+    if AUTO not in names:
+        return tuple(names)
+    return AUTOMATIC.get(optimizer_kind(optimizer) or "", ())
+
+
 def check_compensation(names: str | Sequence[str]) -> tuple[str, ...]:
     """The compensation options as a tuple; a ValueError naming any unknown one."""
     names = (names,) if isinstance(names, str) else tuple(names)
+    if AUTO in names and len(names) > 1:
+        raise ValueError(f"compensation 'auto' chooses every option itself; give it alone, not with "
+                         f"{', '.join(repr(n) for n in names if n != AUTO)}")
     for name in names:
+        if name == AUTO:
+            continue
         if name not in COMPENSATIONS:
             raise ValueError(f"unknown compensation {name!r}; choose from {', '.join(COMPENSATIONS)}")
+    if {"weight-prediction", "optimizer-prediction"} <= set(names):
+        raise ValueError("compensations 'weight-prediction' and 'optimizer-prediction' both choose the weights "
+                         "a forward runs with; give one of them")
     return names
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import math
 import statistics
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -45,15 +46,27 @@ log = logging.getLogger(__name__)
 
 STREAMS = ("digits", "shuffled", "camera")
 GRAD_MODES = ("partime", "stash", "weight-stash")
-COMPENSATIONS = ("", "lr-scale", "weight-prediction", "delay-correction")
 HOLD, BATCH = 10, 4  # digits: each digit held 10 frames; 4 independent streams per sample
-# The digits learn with plain SGD at the step size that suits sequential online learning best, so
-# that a pipeline is held to a well-tuned baseline. Sequential, 3000 frames, seed 0: lr 0.02
-# 72.9%, 0.05 84.8%, 0.07 85.9%, 0.1 83.9%, 0.2 diverges; Adam 1e-3 is far below (62% at 4000)
-# and momentum 0.9 fails even sequentially (12-23%): a held digit repeats its gradient, and
-# momentum piles the repeats up.
-DIGITS_LR = 0.07
+OPTIMIZERS = ("sgd", "momentum", "adam")
+LR_GRID = {"sgd": (0.03, 0.1, 0.3, 1.0, 3.0), "momentum": (0.003, 0.01, 0.03, 0.1, 0.3),
+           "adam": (3e-4, 1e-3, 3e-3, 1e-2)}
+"""The step sizes tried for sequential learning; each stream and optimizer learns with its best."""
+TUNING_SEED = 0
+"""The seed whose sequential runs choose the step size."""
+DIGITS_LR = 0.07  # plain SGD's best step size for sequential learning of moving digits
+# The compensations each grad mode is measured with, per optimizer ("+" joins options used together).
+# The optimizer-aware options need the optimizer's momentum (plain SGD has none, and its prediction
+# is its weights), and with a prediction both stash modes compute the same (its weights are stashed).
+COMPENSATIONS = {"partime": ("",), "weight-stash": ("", "delay-correction"),
+                 "stash": ("", "delay-correction", "optimizer-prediction", "optimizer-prediction+long-momentum",
+                           "spike")}
+OPTIMIZER_AWARE = ("optimizer-prediction", "optimizer-prediction+long-momentum", "spike")
 CUTS = ("planned", "even")
+
+
+def compensations(grad_mode: str, optimizer: str) -> tuple[str, ...]:
+    """The compensations measured with ``grad_mode`` under ``optimizer``."""
+    return tuple(c for c in COMPENSATIONS[grad_mode] if optimizer != "sgd" or c not in OPTIMIZER_AWARE)
 
 
 @dataclass(frozen=True)
@@ -66,12 +79,14 @@ class Config:
     compensation: str = ""
     seed: int = 0
     balance: tuple[int, ...] | None = None  # layers per stage; None: even
+    optimizer: str = "sgd"
+    lr: float = DIGITS_LR
 
     @property
     def label(self) -> str:
         if self.depth == 1:
             return "sequential"
-        return f"D={self.depth} {self.grad_mode}" + (f" + {self.compensation}" if self.compensation else "")
+        return f"D={self.depth} {self.grad_mode}" + "".join(f" + {c}" for c in self.compensation.split("+") if c)
 
 
 class Carry(nn.Module):
@@ -129,10 +144,8 @@ def run(config: Config, frames: int) -> dict[str, Any]:
     torch.manual_seed(config.seed)
     camera = config.stream == "camera"
     model = camera_model() if camera else digits_model()
-    if camera:
-        loss_fn, optimizer = next_frame_error, (lambda p: torch.optim.Adam(p, lr=1e-3))
-    else:
-        loss_fn, optimizer = nn.CrossEntropyLoss(), (lambda p: torch.optim.SGD(p, lr=DIGITS_LR))
+    loss_fn = next_frame_error if camera else nn.CrossEntropyLoss()
+    optimizer = optimizer_factory(config.optimizer, config.lr)
     xs, ys = _stream(config, frames)
     targets: list[Tensor] = []
     if ys is not None:
@@ -145,7 +158,7 @@ def run(config: Config, frames: int) -> dict[str, Any]:
     balance = list(config.balance) if config.balance else even_balance(len(model), config.depth)
     with Pipeline(model, balance, executor="inline", loss_fn=loss_fn,
                   optimizer=optimizer, grad_mode=config.grad_mode,
-                  compensation=(config.compensation,) if config.compensation else ()) as pipe:
+                  compensation=tuple(config.compensation.split("+")) if config.compensation else ()) as pipe:
         try:
             for result in pipe.stream(xs, ys):
                 # test-then-train: the output was computed before this sample's gradient was applied
@@ -169,6 +182,17 @@ def run(config: Config, frames: int) -> dict[str, Any]:
                 loss=None if diverged else metrics.loss, late_accuracy=late_accuracy,
                 late_loss=None if diverged or not late.count else late.loss, diverged_at=diverged_at,
                 history=history[:: max(1, len(history) // 200)])
+
+
+def optimizer_factory(name: str, lr: float) -> Callable[[Any], torch.optim.Optimizer]:
+    """``params -> optimizer`` for one of ``OPTIMIZERS``: plain SGD, SGD with momentum 0.9, Adam."""
+    if name == "sgd":
+        return lambda params: torch.optim.SGD(params, lr=lr)
+    if name == "momentum":
+        return lambda params: torch.optim.SGD(params, lr=lr, momentum=0.9)
+    if name == "adam":
+        return lambda params: torch.optim.Adam(params, lr=lr)
+    raise ValueError(f"unknown optimizer {name!r}; choose from {', '.join(OPTIMIZERS)}")
 
 
 def _share_correct(metrics: OnlineMetrics, frames: int) -> float:
@@ -200,16 +224,46 @@ def cut(stream: str, depth: int, how: str = "planned") -> tuple[int, ...]:
         torch.set_num_threads(threads)
 
 
-def configs(stream_names: Sequence[str], depths: Sequence[int], seeds: int, how: str = "planned") -> list[Config]:
-    """Sequential, and every grad mode and compensation at each depth, for each seed; every run
-    of one model at one depth cut the same way (``cut``): the shuffled control as moving digits."""
+StepSizes = dict[tuple[str, str], float]
+"""The step size of each (stream, optimizer)."""
+
+
+def tuning_configs(stream_names: Sequence[str], optimizers: Sequence[str]) -> list[Config]:
+    """Sequential learning of each stream with each optimizer at every step size of its grid."""
+    return [Config(stream, 1, seed=TUNING_SEED, optimizer=opt, lr=lr)
+            for stream in stream_names for opt in optimizers for lr in LR_GRID[opt]]
+
+
+def best_step_sizes(rows: Sequence[dict[str, Any]]) -> StepSizes:
+    """For each (stream, optimizer) among ``rows``, the step size whose run scored best (a
+    diverged run never wins): the highest accuracy, or the lowest loss on the camera."""
+    best: dict[tuple[str, str], tuple[float, float]] = {}
+    for row in rows:
+        key = (row["stream"], row["optimizer"])
+        if row["stream"] == "camera":
+            score = -row["loss"] if row["loss"] is not None else -math.inf
+        else:
+            score = row["accuracy"] if row["diverged_at"] is None else -math.inf
+        if key not in best or score > best[key][0]:
+            best[key] = (score, row["lr"])
+    return {key: lr for key, (_, lr) in best.items()}
+
+
+def configs(stream_names: Sequence[str], depths: Sequence[int], seeds: int, how: str = "planned",
+            step_sizes: StepSizes | None = None) -> list[Config]:
+    """Sequential, and every grad mode and its compensations at each depth, for each seed and
+    each optimizer of ``step_sizes`` (default: plain SGD at ``DIGITS_LR``); every run of one model
+    at one depth cut the same way (``cut``): the shuffled control as moving digits."""
+    step_sizes = step_sizes or {(stream, "sgd"): DIGITS_LR for stream in stream_names}
     models = {stream: "camera" if stream == "camera" else "digits" for stream in stream_names}
     cuts = {(model, depth): cut(model, depth, how) for model in dict.fromkeys(models.values()) for depth in depths}
     out = []
-    for stream, seed in itertools.product(stream_names, range(seeds)):
-        out.append(Config(stream, 1, seed=seed))
-        for depth, mode, comp in itertools.product(depths, GRAD_MODES, COMPENSATIONS):
-            out.append(Config(stream, depth, mode, comp, seed, cuts[models[stream], depth]))
+    for (stream, opt), lr in step_sizes.items():
+        for seed in range(seeds):
+            out.append(Config(stream, 1, seed=seed, optimizer=opt, lr=lr))
+            for depth, mode in itertools.product(depths, GRAD_MODES):
+                for comp in compensations(mode, opt):
+                    out.append(Config(stream, depth, mode, comp, seed, cuts[models[stream], depth], opt, lr))
     return out
 
 
@@ -241,20 +295,22 @@ def summarise(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     A run whose loss became non-finite counts as diverged: for accuracy its remaining samples
     count as misses; a loss over seeds with a diverged run is None.
     """
-    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
     for row in rows:
-        groups.setdefault((row["stream"], row["label"]), []).append(row)
+        groups.setdefault((row.get("optimizer", "sgd"), row["stream"], row["label"]), []).append(row)
     lines = []
-    for (stream, label), group in groups.items():
+    for (opt, stream, label), group in groups.items():
         key = "loss" if stream == "camera" else "accuracy"
         values = [r[key] for r in group]
-        lines.append(dict(stream=stream, label=label, depth=group[0]["depth"], balance=group[0].get("balance"),
+        lines.append(dict(optimizer=opt, lr=group[0].get("lr"), stream=stream, label=label, depth=group[0]["depth"],
+                          balance=group[0].get("balance"),
                           metric=key, value=_mean_or_none(values),
                           spread=None if None in values else statistics.pstdev(values),
                           late_value=_mean_or_none([r.get(f"late_{key}") for r in group]),
                           seeds=len(group), diverged=sum(r.get("diverged_at") is not None for r in group)))
     for line in lines:
-        base = next(x for x in lines if x["stream"] == line["stream"] and x["depth"] == 1)
+        base = next(x for x in lines if x["stream"] == line["stream"] and x["optimizer"] == line["optimizer"]
+                    and x["depth"] == 1)
         line["gap"] = _gap(line["value"], base["value"], line["metric"])
         line["late_gap"] = _gap(line["late_value"], base["late_value"], line["metric"])
     return lines
@@ -274,8 +330,25 @@ def _gap(value: float | None, base: float | None, metric: str) -> float | None:
     return 100 * (value - base) / base
 
 
+OPTIMIZER_NAMES = {"sgd": "SGD", "momentum": "SGD with momentum 0.9", "adam": "Adam"}
+
+
 def markdown(lines: Sequence[dict[str, Any]]) -> str:
-    """The summary as a Markdown table: a row per configuration, a column per stream."""
+    """The summary as Markdown: with several optimizers, a block for each, headed by its step
+    sizes; then the table, a row per configuration, a column per stream."""
+    optimizers = list(dict.fromkeys(line["optimizer"] for line in lines))
+    if len(optimizers) == 1:
+        return _table(lines)
+    blocks = []
+    for opt in optimizers:
+        mine = [line for line in lines if line["optimizer"] == opt]
+        lrs = ", ".join(f"{line['stream']} {line['lr']:g}" for line in mine if line["depth"] == 1)
+        blocks.append(f"### {OPTIMIZER_NAMES.get(opt, opt)} (step size: {lrs})\n\n" + _table(mine))
+    return "\n".join(blocks)
+
+
+def _table(lines: Sequence[dict[str, Any]]) -> str:
+    """One optimizer's summary as a Markdown table: a row per configuration, a column per stream."""
     stream_names = list(dict.fromkeys(line["stream"] for line in lines))
     labels = list(dict.fromkeys(line["label"] for line in lines))
     cell = {(line["stream"], line["label"]): line for line in lines}
@@ -313,25 +386,29 @@ def _late(line: dict[str, Any], unit: str) -> str:
 
 
 MODE_COLOURS = {"partime": "tab:red", "stash": "tab:blue", "weight-stash": "tab:green"}
-COMPENSATION_LINES = {"": "-", "lr-scale": "--", "weight-prediction": ":", "delay-correction": "-."}
+COMPENSATION_LINES = {"": "-", "lr-scale": "--", "weight-prediction": ":", "delay-correction": "-.",
+                      "optimizer-prediction": ":", "optimizer-prediction+long-momentum": (0, (5, 1, 1, 1, 1, 1)),
+                      "spike": "--"}
 
 
 def plot(rows: Sequence[dict[str, Any]], path: Path) -> None:
-    """Rolling test-then-train accuracy (digits) or loss (camera) over the stream, seed 0: one
-    colour per grad mode, one line style per compensation, sequential in black."""
+    """Rolling test-then-train accuracy (digits) or loss (camera) over the stream, seed 0: a row of
+    panels per optimizer and stream, one colour per grad mode, one line style per compensation,
+    sequential in black."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    stream_names = list(dict.fromkeys(r["stream"] for r in rows))
+    panels = list(dict.fromkeys((r.get("optimizer", "sgd"), r["stream"]) for r in rows))
     depths = sorted({r["depth"] for r in rows if r["depth"] > 1})
-    fig, axes = plt.subplots(len(stream_names), len(depths), figsize=(5 * len(depths) + 2.5, 3.6 * len(stream_names)),
+    fig, axes = plt.subplots(len(panels), len(depths), figsize=(5 * len(depths) + 2.5, 3.6 * len(panels)),
                              squeeze=False, sharex=True, layout="constrained")
-    for (i, stream), (j, depth) in itertools.product(enumerate(stream_names), enumerate(depths)):
+    for (i, (opt, stream)), (j, depth) in itertools.product(enumerate(panels), enumerate(depths)):
         ax = axes[i][j]
         for row in rows:
-            if row["stream"] != stream or row["seed"] != 0 or row["depth"] not in (1, depth):
+            if (row.get("optimizer", "sgd"), row["stream"]) != (opt, stream) or row["seed"] != 0 \
+                    or row["depth"] not in (1, depth):
                 continue
             xs = [k * row["frames"] / len(row["history"]) for k in range(len(row["history"]))]
             if row["depth"] == 1:
@@ -340,22 +417,27 @@ def plot(rows: Sequence[dict[str, Any]], path: Path) -> None:
                 style = dict(color=MODE_COLOURS.get(row["grad_mode"]), linewidth=1,
                              linestyle=COMPENSATION_LINES.get(row["compensation"], "-"))
             ax.plot(xs, row["history"], label=row["label"].replace(f"D={depth} ", ""), **style)
-        ax.set_title(f"{stream}, D = {depth}")
+        ax.set_title(f"{OPTIMIZER_NAMES.get(opt, opt)}: {stream}, D = {depth}", fontsize=9)
         ax.set_xlabel("sample")
         ax.set_ylabel("rolling loss" if stream == "camera" else "rolling accuracy")
         if stream == "camera":
             ax.set_yscale("log")
-    fig.legend(*axes[0][-1].get_legend_handles_labels(), loc="outside right upper", fontsize=8)
+    handles = {}
+    for ax in axes.flat:  # the optimizers differ in their compensations: a legend of every line
+        handles.update(zip(ax.get_legend_handles_labels()[1], ax.get_legend_handles_labels()[0]))
+    fig.legend(list(handles.values()), list(handles), loc="outside right upper", fontsize=8)
     fig.savefig(path, dpi=90)
     plt.close(fig)
 
 
-def write(rows: Sequence[dict[str, Any]], out_dir: Path) -> dict[str, Path]:
-    """The rows (JSON), the summary (Markdown) and the plot (PNG) in ``out_dir``."""
+def write(rows: Sequence[dict[str, Any]], out_dir: Path,
+          tuning: Sequence[dict[str, Any]] = ()) -> dict[str, Path]:
+    """The rows and the runs that chose the step sizes (JSON), the summary (Markdown) and the
+    plot (PNG) in ``out_dir``."""
     out_dir.mkdir(parents=True, exist_ok=True)
     lines = summarise(rows)
     paths = {"json": out_dir / "fidelity.json", "markdown": out_dir / "fidelity.md", "png": out_dir / "fidelity.png"}
-    paths["json"].write_text(json.dumps({"runs": list(rows), "summary": lines}, indent=1))
+    paths["json"].write_text(json.dumps({"runs": list(rows), "summary": lines, "tuning": list(tuning)}, indent=1))
     paths["markdown"].write_text(markdown(lines))
     plot(rows, paths["png"])
     return paths

@@ -18,6 +18,7 @@ from torch import nn
 
 from .checkpoint import Checkpoints, layout_from_plain
 from .compensation import check_compensation
+from .lookahead import check_optimizer_factory
 from .errors import PipelineClosedError, StageError
 from .executors import EXECUTORS, Executor, Layout, Result, executor_class
 from .executors.base import LOOKAHEAD, stage_error
@@ -105,6 +106,7 @@ class Pipeline(Checkpoints):
         self._balance = balance
         self._config = StageConfig(depth, loss_fn, optimizer, grad_mode, False, check_compensation(compensation),
                                    nonfinite=nonfinite)
+        check_optimizer_factory(optimizer, self._config.compensation)
         self._sigterm = SigtermGuard() if executor == "process" else None
         self._supervised = takes_target(loss_fn) if loss_fn is not None else False
         self._partition: Partition | None = None

@@ -30,7 +30,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .compensation import DelayCorrection, StepSizeScale, WeightPredictor, delay
+from .compensation import DelayCorrection, StepSizeScale, WeightPredictor, chosen_compensation, delay
+from .lookahead import OptimizerPrediction, SpikeCompensation, lengthen_momentum
 from .values import as_tensors, copy_tensors, is_float
 
 GRAD_MODES = ("partime", "stash", "weight-stash")
@@ -97,17 +98,25 @@ class Stage:
         self._params = [p for _, p in named]
         self.optimizer = None
         self._step_size: StepSizeScale | None = None
-        self._predictor: WeightPredictor | None = None
+        self._predictor: WeightPredictor | OptimizerPrediction | None = None
         self._corrector: DelayCorrection | None = None
+        self._spike: SpikeCompensation | None = None
         if config.learning and self._params:
             self.optimizer = config.optimizer(self._params)
             tau = delay(index, config.depth)
-            if "lr-scale" in config.compensation:
+            chosen = chosen_compensation(config.compensation, self.optimizer)
+            if "lr-scale" in chosen:
                 self._step_size = StepSizeScale(self.optimizer, tau)
-            if "weight-prediction" in config.compensation:
+            if "weight-prediction" in chosen:
                 self._predictor = WeightPredictor(self._params, tau)
-            if "delay-correction" in config.compensation and tau > 0:
+            if "long-momentum" in chosen and tau > 0:
+                lengthen_momentum(self.optimizer)
+            if "optimizer-prediction" in chosen:
+                self._predictor = OptimizerPrediction(self.optimizer, self._params, tau)
+            if "delay-correction" in chosen and tau > 0:
                 self._corrector = DelayCorrection(named)
+            if "spike" in chosen and tau > 0:
+                self._spike = SpikeCompensation(self.optimizer, self._params, tau)
         self._anchors: dict[int, list[Tensor]] = {}  # delay-correction: the weights at each forward
         self._newest: _Forward | None = None  # partime: the newest input
         self._pending: dict[int, _Forward] = {}  # stash modes: forwards awaiting their gradient
@@ -200,7 +209,7 @@ class Stage:
             "prediction": None,
             "anchors": [(sample, copy_tensors(anchor)) for sample, anchor in self._anchors.items()],
         }
-        if self._predictor is not None:
+        if isinstance(self._predictor, WeightPredictor):
             state["prediction"] = {"previous": copy_tensors(self._predictor.previous),
                                    "velocity": copy_tensors(self._predictor.velocity)}
         return state
@@ -221,7 +230,7 @@ class Stage:
             self.optimizer.load_state_dict(state["optimizer"])
         if self._step_size is not None:
             self._step_size.steps = state["lr_scale_steps"]
-        if self._predictor is not None:
+        if isinstance(self._predictor, WeightPredictor):
             with torch.no_grad():
                 for dst, src in zip(self._predictor.previous + self._predictor.velocity,
                                     state["prediction"]["previous"] + state["prediction"]["velocity"]):
@@ -308,10 +317,14 @@ class Stage:
                 self._corrector.correct(self._anchors.pop(sample))
             if self._step_size is not None:
                 self._step_size.before_step()
+            if self._spike is not None:
+                self._spike.before_step()
             self.optimizer.step()
+            if self._spike is not None:
+                self._spike.after_step()
             for p in self._params:
                 p.grad = None
-            if self._predictor is not None:
+            if isinstance(self._predictor, WeightPredictor):
                 self._predictor.after_step()
             self._drop_stale_graphs()
         if self.index == 0:

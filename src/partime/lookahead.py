@@ -1,0 +1,205 @@
+"""Compensation that reads the optimizer's own state: SGD, SGD with momentum, Adam, AdamW (internal).
+
+Stage ``i`` applies each gradient ``τ_i`` steps after the forward it belongs to
+(``compensation.delay``). The two remedies here use what the optimizer already knows about the
+steps to come: its momentum (SGD's ``momentum_buffer``, Adam's ``exp_avg``) and, for Adam, its
+step count and second moments. Both are exactly plain online learning at ``τ = 0``.
+
+``"optimizer-prediction"``: the forward of a sample, and the product of its gradient, use the
+    weights the optimizer will reach over the next ``τ`` steps from its momentum alone, as if no
+    new gradient came (the multi-step Nesterov look-ahead of FTPipe's weight predictors,
+    Eliad et al., "Fine-tuning giant neural networks on commodity hardware with automatic
+    pipeline model parallelism", USENIX ATC 2021, ``weight_prediction/{sgd,adam}.py``; PipeOptim,
+    arXiv 2312.00839, predicts with the same update rule). With ``k`` counting the coming steps,
+
+    - SGD with momentum ``μ`` (``torch.optim.SGD``):
+      ``θ̂ = θ − lr · Σ_{k=1..τ} μ^k · buf`` (Nesterov: ``μ^(k+1)``); plain SGD keeps no
+      momentum, and its prediction is ``θ`` itself;
+    - Adam, AdamW: ``θ̂ = θ − Σ_{k=1..τ} lr / (1 − β1^(t+k)) · β1^k · m / (√(v / (1 − β2^(t+k))) + ε)``
+      at step count ``t`` (``v``: the running maximum with ``amsgrad``), less
+      ``τ · lr · wd · θ`` with decoupled weight decay (AdamW).
+
+``"spike"``: spike compensation (Kosson et al., "Pipelined Backpropagation at Scale: Training
+    Large Models without Batches", MLSys 2021). A late gradient ``g`` has missed the ``τ`` steps
+    in which momentum would already have applied it; it is applied once with what it missed,
+    and every gradient in the momentum is discounted by as much as it is late:
+
+    - SGD with momentum ``μ`` and dampening ``d``: the step is ``lr · (a · buf + b · (1 − d) · g)``
+      with ``a = μ^τ``, ``b = (1 − μ^τ) / (1 − μ)`` (Kosson et al.'s eq. 5), in place of
+      ``lr · buf``; plain SGD (``μ = 0``) is unchanged;
+    - Adam, AdamW: ``m`` in the step is replaced by ``β1^τ · m + (1 − β1^τ) · g``, the same
+      rule for an exponential average (``g`` with L2 weight decay folded in, as Adam folds it).
+
+    Nesterov momentum is refused (its look-ahead already counts each gradient twice).
+
+``"long-momentum"``: on a stage with delay, the momentum coefficient (SGD's ``μ``, Adam's ``β1``)
+    is raised to ``LONG_MOMENTUM = 0.99``, after Ajanthan et al., "Nesterov Method for
+    Asynchronous Pipeline Parallel Optimization" (ICML 2025), who pair a look-ahead with
+    ``β1 = 0.99`` on asynchronous pipelines: with a long momentum, a late gradient is a small
+    part of each step and the look-ahead of ``"optimizer-prediction"`` foresees the rest, so it
+    is meant to go with that option. SGD's dampening is raised with it so that a steady gradient
+    still moves the weights as fast (``(1 − d) / (1 − μ)`` is kept); Adam's average is normalised
+    already. A stage with no delay keeps the user's coefficients.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+SUPPORTED = "torch.optim.SGD (with or without momentum), torch.optim.Adam and torch.optim.AdamW"
+OPTIONS = ("optimizer-prediction", "spike", "long-momentum")
+"""The compensation options that read the optimizer's state."""
+
+
+def check_optimizer_factory(factory: Callable[[Any], torch.optim.Optimizer] | None, names: Sequence[str]) -> None:
+    """A ValueError, before any stage is made, unless every option of ``names`` that reads the
+    optimizer's state knows the optimizer that ``factory`` makes (tried on one scalar parameter)."""
+    wanted = [name for name in names if name in OPTIONS]
+    if factory is None or not wanted:
+        return
+    probe = factory([torch.nn.Parameter(torch.zeros(1))])
+    for name in wanted:
+        check_optimizer(probe, name)
+
+
+def check_optimizer(optimizer: torch.optim.Optimizer, option: str) -> None:
+    """A ValueError unless ``option`` knows how ``optimizer`` steps."""
+    if not isinstance(optimizer, (torch.optim.SGD, torch.optim.Adam)):
+        raise ValueError(f"compensation {option!r} reads the optimizer's state and supports {SUPPORTED}; "
+                         f"got {type(optimizer).__name__}")
+    if option == "spike" and isinstance(optimizer, torch.optim.SGD):
+        if any(group["nesterov"] for group in optimizer.param_groups):
+            raise ValueError("compensation 'spike' does not support SGD with nesterov=True; "
+                             "use nesterov=False or compensation 'optimizer-prediction'")
+
+
+LONG_MOMENTUM = 0.99
+"""The momentum coefficient of a delayed stage under ``"long-momentum"``."""
+
+
+def lengthen_momentum(optimizer: torch.optim.Optimizer, to: float = LONG_MOMENTUM) -> None:
+    """Raise every group's momentum coefficient to ``to`` (``"long-momentum"``); plain SGD has none."""
+    check_optimizer(optimizer, "long-momentum")
+    for group in optimizer.param_groups:
+        if isinstance(optimizer, torch.optim.SGD):
+            mu = float(group["momentum"])
+            if 0 < mu < to:
+                group["dampening"] = 1 - (1 - float(group["dampening"])) * (1 - to) / (1 - mu)
+                group["momentum"] = to
+        else:
+            beta1, beta2 = group["betas"]
+            if beta1 < to:
+                group["betas"] = (to, beta2)
+
+
+def _decoupled(optimizer: torch.optim.Optimizer, group: dict) -> bool:
+    return isinstance(optimizer, torch.optim.AdamW) or bool(group.get("decoupled_weight_decay", False))
+
+
+def _sign(group: dict) -> float:
+    return -1.0 if group.get("maximize", False) else 1.0
+
+
+class OptimizerPrediction:
+    """The weights ``delay`` steps ahead by the optimizer's momentum (``"optimizer-prediction"``)."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, params: Sequence[Tensor], delay: int):
+        check_optimizer(optimizer, "optimizer-prediction")
+        self.optimizer = optimizer
+        self.params = list(params)
+        self.delay = delay
+
+    @torch.no_grad()
+    def predict(self) -> list[Tensor]:
+        """Leaf copies of the weights the optimizer reaches in ``delay`` steps with no new gradient."""
+        ahead = {p: p.detach().clone() for p in self.params}
+        if self.delay > 0:
+            for group in self.optimizer.param_groups:
+                for p in group["params"]:
+                    if p in ahead:
+                        self._shift(group, p, ahead[p])
+        return [ahead[p].requires_grad_() for p in self.params]
+
+    def _shift(self, group: dict, p: Tensor, out: Tensor) -> None:
+        state = self.optimizer.state.get(p, {})
+        tau, lr = self.delay, float(group["lr"])  # buffers hold the sign the optimizer descends along
+        if isinstance(self.optimizer, torch.optim.SGD):
+            buf = state.get("momentum_buffer")
+            mu = float(group["momentum"])
+            if buf is None or mu == 0:
+                return
+            first = 2 if group["nesterov"] else 1
+            out.add_(buf, alpha=-lr * sum(mu ** k for k in range(first, first + tau)))
+            return
+        if "exp_avg" not in state:
+            return
+        beta1, beta2 = (float(b) for b in group["betas"])
+        t = float(state["step"])
+        second = state["max_exp_avg_sq"] if group["amsgrad"] else state["exp_avg_sq"]
+        root = second.sqrt()
+        for k in range(1, tau + 1):
+            denom = (root / math.sqrt(1 - beta2 ** (t + k))).add_(group["eps"])
+            out.addcdiv_(state["exp_avg"], denom, value=-lr * beta1 ** k / (1 - beta1 ** (t + k)))
+        if group["weight_decay"] and _decoupled(self.optimizer, group):
+            out.add_(p.detach(), alpha=-tau * lr * group["weight_decay"])
+
+
+class SpikeCompensation:
+    """Kosson et al.'s spike compensation of a step ``delay`` steps late (``"spike"``).
+
+    ``before_step()`` reads the gradients in ``.grad``; ``after_step()`` turns the optimizer's
+    own step into the compensated one.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, params: Sequence[Tensor], delay: int):
+        check_optimizer(optimizer, "spike")
+        self.optimizer = optimizer
+        self.params = set(params)
+        self.delay = delay
+        self._grads: dict[Tensor, Tensor] = {}
+
+    @torch.no_grad()
+    def before_step(self) -> None:
+        """Keep each gradient as the optimizer will fold it in (with L2 weight decay)."""
+        self._grads = {}
+        for group in self.optimizer.param_groups:
+            for p in group["params"]:
+                if p in self.params and p.grad is not None:
+                    g = p.grad.detach() * _sign(group)
+                    if group["weight_decay"] and not _decoupled(self.optimizer, group):
+                        g = g.add(p.detach(), alpha=group["weight_decay"])
+                    self._grads[p] = g
+
+    @torch.no_grad()
+    def after_step(self) -> None:
+        """Add to each parameter the difference between the compensated step and the one taken."""
+        for group in self.optimizer.param_groups:
+            for p in group["params"]:
+                g = self._grads.get(p)
+                if g is not None:
+                    self._correct(group, p, g)
+        self._grads = {}
+
+    def _correct(self, group: dict, p: Tensor, g: Tensor) -> None:
+        state = self.optimizer.state[p]
+        tau, lr = self.delay, float(group["lr"])  # buffers hold the sign the optimizer descends along
+        if isinstance(self.optimizer, torch.optim.SGD):
+            mu = float(group["momentum"])
+            if mu == 0:
+                return
+            a, b = mu ** tau, (1 - mu ** tau) / (1 - mu)
+            # taken: lr · buf; wanted: lr · (a · buf + b · (1 − d) · g)
+            change = state["momentum_buffer"] * (a - 1) + g * (b * (1 - float(group["dampening"])))
+            p.add_(change, alpha=-lr)
+            return
+        beta1, beta2 = (float(b) for b in group["betas"])
+        t = float(state["step"])
+        second = state["max_exp_avg_sq"] if group["amsgrad"] else state["exp_avg_sq"]
+        denom = (second.sqrt() / math.sqrt(1 - beta2 ** t)).add_(group["eps"])
+        # taken: m; wanted: β1^τ · m + (1 − β1^τ) · g, both over the same bias correction and denominator
+        p.addcdiv_(g - state["exp_avg"], denom, value=-lr * (1 - beta1 ** tau) / (1 - beta1 ** t))
