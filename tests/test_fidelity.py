@@ -16,10 +16,29 @@ def test_even_balance():
 
 
 def test_configs_cover_sequential_and_every_mode_and_compensation():
-    configs = fid.configs(["digits"], [2, 8], seeds=2)
-    assert len(configs) == 2 * (1 + 2 * len(fid.GRAD_MODES) * len(fid.COMPENSATIONS))
+    per_depth = {opt: sum(len(fid.compensations(m, opt)) for m in fid.GRAD_MODES) for opt in fid.OPTIMIZERS}
+    assert per_depth == {"sgd": 5, "momentum": 8, "adam": 8}
+    steps = {("digits", "sgd"): 0.1, ("digits", "adam"): 1e-3}
+    configs = fid.configs(["digits"], [2, 8], seeds=2, step_sizes=steps)
+    assert len(configs) == 2 * (1 + 2 * 5) + 2 * (1 + 2 * 8)
     assert {c.label for c in configs if c.depth == 1} == {"sequential"}
-    assert "D=8 weight-stash + lr-scale" in {c.label for c in configs}
+    assert {(c.optimizer, c.lr) for c in configs} == {("sgd", 0.1), ("adam", 1e-3)}
+    labels = {c.label for c in configs if c.optimizer == "adam"}
+    assert "D=8 stash + optimizer-prediction + long-momentum" in labels
+    assert "D=8 weight-stash + optimizer-prediction" not in labels  # the same run as with stash
+
+
+def test_each_stream_and_optimizer_learns_at_its_best_step_size():
+    tuning = fid.tuning_configs(["digits", "camera"], ["sgd", "adam"])
+    assert len(tuning) == 2 * (len(fid.LR_GRID["sgd"]) + len(fid.LR_GRID["adam"]))
+    assert {c.seed for c in tuning} == {fid.TUNING_SEED} and {c.depth for c in tuning} == {1}
+    rows = [dict(stream="digits", optimizer="sgd", lr=0.1, accuracy=0.8, loss=1.0, diverged_at=None),
+            dict(stream="digits", optimizer="sgd", lr=0.3, accuracy=0.9, loss=None, diverged_at=5),
+            dict(stream="digits", optimizer="sgd", lr=0.03, accuracy=0.7, loss=1.2, diverged_at=None),
+            dict(stream="camera", optimizer="sgd", lr=0.1, accuracy=None, loss=0.02, diverged_at=None),
+            dict(stream="camera", optimizer="sgd", lr=1.0, accuracy=None, loss=0.01, diverged_at=None),
+            dict(stream="camera", optimizer="sgd", lr=3.0, accuracy=None, loss=None, diverged_at=9)]
+    assert fid.best_step_sizes(rows) == {("digits", "sgd"): 0.1, ("camera", "sgd"): 1.0}
 
 
 def test_the_shuffled_control_is_cut_as_moving_digits_and_planned_once(monkeypatch):
@@ -76,16 +95,21 @@ def test_the_last_quarter_is_scored_on_its_own(stream):
 
 def test_a_tiny_run_writes_json_markdown_and_png(tmp_path):
     args = ["fidelity", "--frames", "12", "--seeds", "1", "--depths", "2", "--streams", "digits,camera",
-            "--jobs", "1", "--out", str(tmp_path)]
+            "--optimizer", "sgd,adam", "--jobs", "1", "--out", str(tmp_path)]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
     data = json.loads((tmp_path / "fidelity.json").read_text())
-    assert len(data["runs"]) == 2 * (1 + len(fid.GRAD_MODES) * len(fid.COMPENSATIONS))
+    assert len(data["tuning"]) == 2 * (len(fid.LR_GRID["sgd"]) + len(fid.LR_GRID["adam"]))
+    assert len(data["runs"]) == 2 * (1 + 5) + 2 * (1 + 8)
+    best = fid.best_step_sizes(data["tuning"])
     for run in data["runs"]:
         assert run["frames"] == 12 and run["loss"] > 0
         assert (run["accuracy"] is None) == (run["stream"] == "camera")
+        assert run["lr"] == best[run["stream"], run["optimizer"]]
     assert (tmp_path / "fidelity.png").read_bytes()[:4] == b"\x89PNG"
-    assert "| sequential |" in (tmp_path / "fidelity.md").read_text()
+    table = (tmp_path / "fidelity.md").read_text()
+    assert table.count("| sequential |") == 2
+    assert f"### Adam (step size: digits {best['digits', 'adam']:g}, camera {best['camera', 'adam']:g})" in table
 
 
 def test_sequential_is_the_same_run_whatever_the_seed_of_the_others():
@@ -94,9 +118,8 @@ def test_sequential_is_the_same_run_whatever_the_seed_of_the_others():
     assert a["accuracy"] == b["accuracy"] and a["loss"] == b["loss"]
 
 
-def test_a_diverged_run_is_a_result_not_a_crash(monkeypatch):
-    monkeypatch.setattr(fid, "DIGITS_LR", 1e6)
-    row = fid.run(fid.Config("digits", 2, "weight-stash"), 40)
+def test_a_diverged_run_is_a_result_not_a_crash():
+    row = fid.run(fid.Config("digits", 2, "weight-stash", lr=1e6), 40)
     assert row["diverged_at"] is not None and row["loss"] is None
     assert 0 <= row["accuracy"] < 1
     lines = fid.summarise([fid.run(fid.Config("digits", 1), 5), row])
