@@ -31,7 +31,7 @@ def sgd(lr):
 def run(model, depth, xs, ys, grad_mode, lr=0.1):
     with partime.Pipeline(
         model, [len(model) // depth] * depth, executor="inline", loss_fn=half_square,
-        optimizer=sgd(lr), grad_mode=grad_mode,
+        optimizer=sgd(lr), grad_mode=grad_mode, compensation=(),  # the tick rules alone
     ) as pipe:
         results = list(pipe.stream(xs, ys))
         return results, pipe.module

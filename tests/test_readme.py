@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 README = Path(__file__).resolve().parents[1] / "README.md"
 
 
@@ -20,7 +22,27 @@ def test_the_first_example_runs(tmp_path):
     assert len(lines) == 100
 
 
+# Where the users' copy of the contract may differ from shared/SPEC.md, and why: the contract covers
+# features before they are built, and the copy grows with the feature that implements it.
+SPEC_DIFFERENCES = {
+    "Names": "traced models (any nn.Module) are not built yet: the copy says nn.Sequential",
+    "Learning: loss and backward": "stash is the default grad mode (README, Learning with delay)",
+}
+SPEC_PENDING = {"Live sources (`when_behind`)": "not built yet"}
+
+
+def sections(text):
+    parts = re.split(r"^## (.*)$", text, flags=re.M)
+    return {"": parts[0], **dict(zip(parts[1::2], parts[2::2]))}
+
+
 def test_the_spec_shipped_with_the_repository_is_the_contract():
     shared = README.parents[1] / "shared" / "SPEC.md"
-    if shared.exists():  # beside a checkout of the project, the contract lives in shared/
-        assert (README.parent / "SPEC.md").read_text() == shared.read_text()
+    if not shared.exists():  # the contract lives in shared/ beside a checkout of the project
+        pytest.skip("no shared/SPEC.md beside this checkout")
+    copy, contract = sections((README.parent / "SPEC.md").read_text()), sections(shared.read_text())
+    assert set(contract) - set(copy) <= set(SPEC_PENDING)
+    for title, text in copy.items():
+        assert title in contract, title
+        if title not in SPEC_DIFFERENCES:
+            assert text.strip() == contract[title].strip(), title

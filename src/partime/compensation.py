@@ -64,7 +64,8 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-COMPENSATIONS = ("lr-scale", "weight-prediction", "delay-correction", "optimizer-prediction", "spike", "long-momentum")
+COMPENSATIONS = ("lr-scale", "weight-prediction", "delay-correction", "optimizer-prediction", "spike", "long-momentum",
+                 "step-scale")
 
 LR_ANNEAL_STEPS = 2000
 """Steps over which ``lr-scale`` anneals a stage's step size back to the optimizer's own."""
@@ -75,13 +76,17 @@ DELAY_CORRECTION_STRENGTH = 16.0
 DELAY_CORRECTION_FLOOR = 0.25
 """The least share of a late gradient that ``delay-correction`` keeps."""
 
+STEP_SCALE_POWER = 1.0
+"""``p`` of ``step-scale``: a stage with delay ``τ`` steps with ``lr / (1 + τ) ** p``."""
+
 VELOCITY_MOMENTUM = 0.9
 """How much of its previous value the velocity estimate of ``weight-prediction`` keeps per step."""
 
 
 AUTO = "auto"
-AUTOMATIC = {"sgd": ("delay-correction",), "momentum": ("optimizer-prediction", "long-momentum"),
-             "adam": ("optimizer-prediction", "long-momentum")}
+AUTOMATIC = {"sgd": ("step-scale", "delay-correction"),
+             "momentum": ("step-scale", "optimizer-prediction", "long-momentum"),
+             "adam": ("step-scale", "optimizer-prediction", "long-momentum")}
 """What ``"auto"`` chooses for each kind of optimizer: the configuration of ``stash`` that
 ``partime fidelity`` measured best with it (README, "Learning with delay")."""
 
@@ -123,6 +128,13 @@ def check_compensation(names: str | Sequence[str]) -> tuple[str, ...]:
 def delay(stage: int, depth: int) -> int:
     """Steps between a sample's forward at ``stage`` and the step that applies its gradient."""
     return 2 * (depth - 1 - stage)
+
+
+def scale_step_size(optimizer: torch.optim.Optimizer, delay: int, power: float | None = None) -> None:
+    """Divide every group's step size by ``(1 + delay) ** power`` for good (``"step-scale"``)."""
+    factor = (1 + delay) ** -(STEP_SCALE_POWER if power is None else power)
+    for group in optimizer.param_groups:
+        group["lr"] = group["lr"] * factor
 
 
 class StepSizeScale:

@@ -58,15 +58,22 @@ DIGITS_LR = 0.07  # plain SGD's best step size for sequential learning of moving
 # The optimizer-aware options need the optimizer's momentum (plain SGD has none, and its prediction
 # is its weights), and with a prediction both stash modes compute the same (its weights are stashed).
 COMPENSATIONS = {"partime": ("",), "weight-stash": ("", "delay-correction"),
-                 "stash": ("", "delay-correction", "optimizer-prediction", "optimizer-prediction+long-momentum",
-                           "spike")}
-OPTIMIZER_AWARE = ("optimizer-prediction", "optimizer-prediction+long-momentum", "spike")
+                 "stash": ("", "delay-correction", "step-scale", "step-scale+delay-correction",
+                           "optimizer-prediction", "optimizer-prediction+long-momentum", "spike",
+                           "step-scale+optimizer-prediction+long-momentum")}
+OPTIMIZER_AWARE = ("optimizer-prediction", "long-momentum", "spike")
+PLAIN_SGD_ONLY = ("step-scale+delay-correction",)  # what "auto" chooses for plain SGD
 CUTS = ("planned", "even")
 
 
 def compensations(grad_mode: str, optimizer: str) -> tuple[str, ...]:
     """The compensations measured with ``grad_mode`` under ``optimizer``."""
-    return tuple(c for c in COMPENSATIONS[grad_mode] if optimizer != "sgd" or c not in OPTIMIZER_AWARE)
+    def fits(comp: str) -> bool:
+        if optimizer == "sgd":
+            return not any(option in OPTIMIZER_AWARE for option in comp.split("+"))
+        return comp not in PLAIN_SGD_ONLY
+
+    return tuple(c for c in COMPENSATIONS[grad_mode] if fits(c))
 
 
 @dataclass(frozen=True)
@@ -388,7 +395,8 @@ def _late(line: dict[str, Any], unit: str) -> str:
 MODE_COLOURS = {"partime": "tab:red", "stash": "tab:blue", "weight-stash": "tab:green"}
 COMPENSATION_LINES = {"": "-", "lr-scale": "--", "weight-prediction": ":", "delay-correction": "-.",
                       "optimizer-prediction": ":", "optimizer-prediction+long-momentum": (0, (5, 1, 1, 1, 1, 1)),
-                      "spike": "--"}
+                      "spike": "--", "step-scale": (0, (1, 3)), "step-scale+delay-correction": (0, (3, 1, 1, 1)),
+                      "step-scale+optimizer-prediction+long-momentum": (0, (6, 2))}
 
 
 def plot(rows: Sequence[dict[str, Any]], path: Path) -> None:

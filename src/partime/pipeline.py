@@ -38,11 +38,16 @@ class Pipeline(Checkpoints):
     ``balance`` is a list of layers per stage, or a number of stages D: then each layer is timed on
     ``sample`` (or the first streamed sample) and the model is cut where the slowest stage is
     fastest. With ``loss_fn`` and ``optimizer`` (a factory ``params -> Optimizer``, called once per
-    stage) the pipeline learns online as SPEC.md says, under ``grad_mode`` (``"partime"``,
-    ``"stash"`` or ``"weight-stash"``) and, if asked, with staleness ``compensation``
-    (``"lr-scale"``, ``"weight-prediction"``, ``"delay-correction"``: see
-    ``partime.compensation``); without them it infers under ``torch.no_grad()``. ``threads`` is
-    each stage's torch thread count (default: the cores divided among the stages).
+    stage) the pipeline learns online as SPEC.md says, under ``grad_mode`` (``"stash"``, the
+    default; ``"weight-stash"``; or ``"partime"``, the published method, which learns only from
+    smooth streams) and with staleness ``compensation``: ``"auto"`` (the default) chooses, for
+    each stage's optimizer, what measured best with it (``partime.compensation.AUTOMATIC``); or
+    any of ``"step-scale"``, ``"delay-correction"``, ``"optimizer-prediction"``,
+    ``"long-momentum"``, ``"spike"``, ``"lr-scale"``, ``"weight-prediction"`` (see
+    ``partime.compensation`` and ``partime.lookahead``), or ``()`` for none. Every choice is
+    plain online learning at D = 1. Without ``loss_fn`` and ``optimizer`` it infers under
+    ``torch.no_grad()``. ``threads`` is each stage's torch thread count (default: the cores
+    divided among the stages).
 
     ``nonfinite`` says what becomes of a sample whose input or loss holds NaN or an infinity:
     ``"raise"`` (the default) refuses a non-finite input with a ValueError before it is fed (the
@@ -75,10 +80,10 @@ class Pipeline(Checkpoints):
         executor: str = "process",
         loss_fn: LossFn | None = None,
         optimizer: OptimizerFactory | None = None,
-        grad_mode: str = "partime",
+        grad_mode: str = "stash",
         sample: Any = None,
         threads: int | None = None,
-        compensation: str | Sequence[str] = (),
+        compensation: str | Sequence[str] = "auto",
         nonfinite: str = "raise",
     ):
         check_balance(model, balance)

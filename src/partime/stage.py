@@ -30,7 +30,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .compensation import DelayCorrection, StepSizeScale, WeightPredictor, chosen_compensation, delay
+from .compensation import (DelayCorrection, StepSizeScale, WeightPredictor, chosen_compensation, delay,
+                           scale_step_size)
 from .lookahead import OptimizerPrediction, SpikeCompensation, lengthen_momentum
 from .values import as_tensors, copy_tensors, is_float
 
@@ -48,7 +49,7 @@ class StageConfig:
     depth: int
     loss_fn: LossFn | None = None
     optimizer: OptimizerFactory | None = None
-    grad_mode: str = "partime"
+    grad_mode: str = "stash"
     supervised: bool = False
     compensation: tuple[str, ...] = ()
     nonfinite: str = "raise"  # a non-finite loss: "raise", or "skip" (no gradient, no step)
@@ -105,6 +106,8 @@ class Stage:
             self.optimizer = config.optimizer(self._params)
             tau = delay(index, config.depth)
             chosen = chosen_compensation(config.compensation, self.optimizer)
+            if "step-scale" in chosen and tau > 0:
+                scale_step_size(self.optimizer, tau)
             if "lr-scale" in chosen:
                 self._step_size = StepSizeScale(self.optimizer, tau)
             if "weight-prediction" in chosen:
