@@ -84,8 +84,8 @@ def resumed(depth, stop, path, ys=True, model=mlp, balance=None, **kw):
 
 
 @pytest.mark.parametrize("compensation", [(), ("lr-scale",), ("weight-prediction",), ("delay-correction",),
-                                          ("optimizer-prediction", "long-momentum"), ("spike",)],
-                         ids=["plain", "lr-scale", "wp", "dc", "op+lm", "spike"])
+                                          ("optimizer-prediction", "long-momentum"), ("spike",), "auto"],
+                         ids=["plain", "lr-scale", "wp", "dc", "op+lm", "spike", "auto"])
 @pytest.mark.parametrize("opt", OPTIMIZERS)
 @pytest.mark.parametrize("grad_mode", ["partime", "stash", "weight-stash"])
 @pytest.mark.parametrize("depth", [1, 2, 3])
@@ -248,7 +248,7 @@ print("resumed exactly")
 
 def test_resume_in_a_fresh_process(tmp_path):
     torch.set_num_threads(1)
-    kw = learning("stash", "adam")
+    kw = learning("stash", "adam", "auto")  # the fresh process makes its pipeline with the defaults
     with pipeline("inline", 3, **kw) as pipe:
         play(pipe, ACTIONS[:6])
         pipe.save(tmp_path / "ckpt.pt")

@@ -6,7 +6,7 @@ from torch import nn
 
 import partime
 from partime.compensation import (DELAY_CORRECTION_FLOOR, DelayCorrection, StepSizeScale, WeightPredictor,
-                                  check_compensation, delay, output_units)
+                                  check_compensation, delay, output_units, scale_step_size)
 from partime.stage import Stage, StageConfig
 
 from models import classification_stream, mlp
@@ -26,6 +26,15 @@ def test_step_size_scale_anneals_from_lr_over_one_plus_delay_to_lr():
         lrs.append(opt.param_groups[0]["lr"])
     # (1 + 3) ** -(1 - k / 4) for k = 0, 1, 2, 3, then 1
     assert lrs == pytest.approx([0.3 / 4, 0.3 / 4 ** 0.75, 0.3 / 2, 0.3 / 4 ** 0.25, 0.3, 0.3])
+
+
+def test_step_scale_divides_the_step_size_by_one_plus_the_delay_for_good():
+    opt = torch.optim.SGD([{"params": [nn.Parameter(torch.zeros(1))], "lr": 0.3},
+                           {"params": [nn.Parameter(torch.zeros(1))], "lr": 0.1}])
+    scale_step_size(opt, delay=4)
+    assert [group["lr"] for group in opt.param_groups] == pytest.approx([0.3 / 5, 0.1 / 5])
+    scale_step_size(opt, delay=3, power=0.5)
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.3 / 5 / 2)
 
 
 def test_weight_predictor_extrapolates_along_the_velocity():

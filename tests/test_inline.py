@@ -121,7 +121,8 @@ def test_matches_the_spec_written_by_hand(grad_mode, depth):
 
 
 @pytest.mark.parametrize("compensation", [(), ("lr-scale",), ("weight-prediction",), ("delay-correction",),
-                                          ("optimizer-prediction",), ("spike",), ("long-momentum",), "auto"])
+                                          ("optimizer-prediction",), ("spike",), ("long-momentum",), ("step-scale",),
+                                          "auto"])
 @pytest.mark.parametrize("grad_mode", ["partime", "stash", "weight-stash"])
 @pytest.mark.parametrize("make_opt", [sgd(0.05), lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9),
                                       lambda p: torch.optim.Adam(p, lr=1e-3)], ids=["sgd", "momentum", "adam"])
