@@ -17,10 +17,12 @@ def test_even_balance():
 
 def test_configs_cover_sequential_and_every_mode_and_compensation():
     per_depth = {opt: sum(len(fid.compensations(m, opt)) for m in fid.GRAD_MODES) for opt in fid.OPTIMIZERS}
-    assert per_depth == {"sgd": 5, "momentum": 8, "adam": 8}
+    assert per_depth == {"sgd": 7, "momentum": 10, "adam": 10}
     steps = {("digits", "sgd"): 0.1, ("digits", "adam"): 1e-3}
     configs = fid.configs(["digits"], [2, 8], seeds=2, step_sizes=steps)
-    assert len(configs) == 2 * (1 + 2 * 5) + 2 * (1 + 2 * 8)
+    assert len(configs) == 2 * (1 + 2 * 7) + 2 * (1 + 2 * 10)
+    for opt in ("sgd", "adam"):  # the default is measured too
+        assert fid.default_label(8, opt) in {c.label for c in configs if c.optimizer == opt}
     assert {c.label for c in configs if c.depth == 1} == {"sequential"}
     assert {(c.optimizer, c.lr) for c in configs} == {("sgd", 0.1), ("adam", 1e-3)}
     labels = {c.label for c in configs if c.optimizer == "adam"}
@@ -100,7 +102,7 @@ def test_a_tiny_run_writes_json_markdown_and_png(tmp_path):
     assert result.exit_code == 0, result.output
     data = json.loads((tmp_path / "fidelity.json").read_text())
     assert len(data["tuning"]) == 2 * (len(fid.LR_GRID["sgd"]) + len(fid.LR_GRID["adam"]))
-    assert len(data["runs"]) == 2 * (1 + 5) + 2 * (1 + 8)
+    assert len(data["runs"]) == 2 * (1 + 7) + 2 * (1 + 10)
     best = fid.best_step_sizes(data["tuning"])
     for run in data["runs"]:
         assert run["frames"] == 12 and run["loss"] > 0
@@ -125,3 +127,18 @@ def test_a_diverged_run_is_a_result_not_a_crash():
     lines = fid.summarise([fid.run(fid.Config("digits", 1), 5), row])
     assert lines[1]["diverged"] == 1
     assert "1/1 diverged" in fid.markdown(lines)
+
+
+def test_the_headline_gives_the_best_configuration_and_the_default_at_each_depth():
+    default = fid.default_label(4, "adam")
+    assert default == "D=4 stash + step-scale + optimizer-prediction + long-momentum"
+    rows = []
+    for opt in ("sgd", "adam"):
+        rows += [dict(stream="digits", optimizer=opt, lr=0.1, label="sequential", depth=1, accuracy=0.80),
+                 dict(stream="digits", optimizer=opt, lr=0.1, label="D=4 stash", depth=4, accuracy=0.70),
+                 dict(stream="digits", optimizer=opt, lr=0.1, label=fid.default_label(4, opt), depth=4,
+                      accuracy=0.75 if opt == "adam" else 0.60)]
+    text = fid.markdown(fid.summarise(rows))
+    assert "| SGD | 4 | -10.0 stash | -20.0 |" in text
+    assert "| Adam | 4 | -5.0 stash + step-scale + optimizer-prediction + long-momentum | -5.0 |" in text
+    assert f"| {default} (default) | 75.0% (-5.0) |" in text

@@ -37,6 +37,7 @@ import torch
 from torch import Tensor, nn
 
 from . import streams
+from .compensation import AUTOMATIC
 from .metrics import OnlineMetrics
 from .errors import StageError
 from .partition import plan
@@ -54,26 +55,30 @@ LR_GRID = {"sgd": (0.03, 0.1, 0.3, 1.0, 3.0), "momentum": (0.003, 0.01, 0.03, 0.
 TUNING_SEED = 0
 """The seed whose sequential runs choose the step size."""
 DIGITS_LR = 0.07  # plain SGD's best step size for sequential learning of moving digits
-# The compensations each grad mode is measured with, per optimizer ("+" joins options used together).
-# The optimizer-aware options need the optimizer's momentum (plain SGD has none, and its prediction
-# is its weights), and with a prediction both stash modes compute the same (its weights are stashed).
+# The compensations each grad mode is measured with ("+" joins options used together), beside what
+# the default, compensation="auto", chooses for the optimizer. The optimizer-aware options need the
+# optimizer's momentum (plain SGD has none, and its prediction is its weights), and with a
+# prediction both stash modes compute the same (the predicted weights are stashed).
 COMPENSATIONS = {"partime": ("",), "weight-stash": ("", "delay-correction"),
-                 "stash": ("", "delay-correction", "step-scale", "step-scale+delay-correction",
-                           "optimizer-prediction", "optimizer-prediction+long-momentum", "spike",
-                           "step-scale+optimizer-prediction+long-momentum")}
+                 "stash": ("", "delay-correction", "step-scale", "optimizer-prediction",
+                           "optimizer-prediction+long-momentum", "spike")}
 OPTIMIZER_AWARE = ("optimizer-prediction", "long-momentum", "spike")
-PLAIN_SGD_ONLY = ("step-scale+delay-correction",)  # what "auto" chooses for plain SGD
 CUTS = ("planned", "even")
 
 
-def compensations(grad_mode: str, optimizer: str) -> tuple[str, ...]:
-    """The compensations measured with ``grad_mode`` under ``optimizer``."""
-    def fits(comp: str) -> bool:
-        if optimizer == "sgd":
-            return not any(option in OPTIMIZER_AWARE for option in comp.split("+"))
-        return comp not in PLAIN_SGD_ONLY
+def automatic(optimizer: str) -> str:
+    """What ``compensation="auto"`` chooses for ``optimizer``, as a fidelity compensation."""
+    return "+".join(AUTOMATIC[optimizer])
 
-    return tuple(c for c in COMPENSATIONS[grad_mode] if fits(c))
+
+def compensations(grad_mode: str, optimizer: str) -> tuple[str, ...]:
+    """The compensations measured with ``grad_mode`` under ``optimizer`` (with ``stash``, the
+    default's choice among them)."""
+    names = [c for c in COMPENSATIONS[grad_mode]
+             if optimizer != "sgd" or not any(option in OPTIMIZER_AWARE for option in c.split("+"))]
+    if grad_mode == "stash":
+        names.append(automatic(optimizer))
+    return tuple(dict.fromkeys(names))
 
 
 @dataclass(frozen=True)
@@ -340,13 +345,47 @@ def _gap(value: float | None, base: float | None, metric: str) -> float | None:
 OPTIMIZER_NAMES = {"sgd": "SGD", "momentum": "SGD with momentum 0.9", "adam": "Adam"}
 
 
+def default_label(depth: int, optimizer: str) -> str:
+    """The label of what a ``Pipeline`` learns with by default (``stash``, ``"auto"``) at ``depth``."""
+    return Config("digits", depth, "stash", automatic(optimizer)).label
+
+
+def headline(lines: Sequence[dict[str, Any]]) -> str:
+    """For each optimizer and depth, the gap of the best configuration of each stream (and which
+    it is) and the gap of the default, as a Markdown table."""
+    stream_names = list(dict.fromkeys(line["stream"] for line in lines))
+    out = ["| optimizer | D | " + " | ".join(f"{s}: best | {s}: default" for s in stream_names) + " |",
+           "|---|---|" + "---|---|" * len(stream_names)]
+    keys = dict.fromkeys((line["optimizer"], line["depth"]) for line in lines if line["depth"] > 1)
+    for opt, depth in keys:
+        cells = []
+        for stream in stream_names:
+            mine = [x for x in lines if (x["optimizer"], x["depth"], x["stream"]) == (opt, depth, stream)]
+            scored = [x for x in mine if x["gap"] is not None]
+            sign = 1 if stream != "camera" else -1  # accuracy: higher is better; loss: lower
+            best = max(scored, key=lambda x: sign * x["gap"], default=None)
+            default = next((x for x in mine if x["label"] == default_label(depth, opt)), None)
+            cells.append("" if best is None else f"{_gap_text(best)} {best['label'].removeprefix(f'D={depth} ')}")
+            cells.append("" if default is None else _gap_text(default))
+        out.append(f"| {OPTIMIZER_NAMES.get(opt, opt)} | {depth} | " + " | ".join(cells) + " |")
+    return "\n".join(out) + "\n"
+
+
+def _gap_text(line: dict[str, Any]) -> str:
+    if line["gap"] is None:
+        return "diverged"
+    return f"{line['gap']:+.1f}" + ("%" if line["metric"] == "loss" else "")
+
+
 def markdown(lines: Sequence[dict[str, Any]]) -> str:
-    """The summary as Markdown: with several optimizers, a block for each, headed by its step
-    sizes; then the table, a row per configuration, a column per stream."""
+    """The summary as Markdown: with several optimizers, the best configuration and the default
+    at each depth, then a block for each optimizer, headed by its step sizes; in each, the table,
+    a row per configuration, a column per stream."""
     optimizers = list(dict.fromkeys(line["optimizer"] for line in lines))
     if len(optimizers) == 1:
         return _table(lines)
-    blocks = []
+    blocks = ["Gap to sequential at each depth: the best configuration, and the default "
+              "(`stash`, `compensation=\"auto\"`).\n\n" + headline(lines)]
     for opt in optimizers:
         mine = [line for line in lines if line["optimizer"] == opt]
         lrs = ", ".join(f"{line['stream']} {line['lr']:g}" for line in mine if line["depth"] == 1)
@@ -364,6 +403,9 @@ def _table(lines: Sequence[dict[str, Any]]) -> str:
     out = ["| configuration | " + " | ".join(heads[s] for s in stream_names) + " |",
            "|---|" + "---|" * len(stream_names)]
     for label in labels:
+        depth = cell.get((stream_names[0], label), {}).get("depth", 1)
+        optimizer = next(iter(cell.values()))["optimizer"]
+        mark = " (default)" if depth > 1 and label == default_label(depth, optimizer) else ""
         cells = []
         for s in stream_names:
             line = cell.get((s, label))
@@ -376,7 +418,7 @@ def _table(lines: Sequence[dict[str, Any]]) -> str:
                 cells.append(f"{100 * line['value']:.1f}% ({line['gap']:+.1f}{_late(line, '')}{note})")
             else:
                 cells.append(f"{line['value']:.5f} ({line['gap']:+.1f}%{_late(line, '%')}{note})")
-        out.append(f"| {label} | " + " | ".join(cells) + " |")
+        out.append(f"| {label}{mark} | " + " | ".join(cells) + " |")
     if any(line.get("late_gap") is not None and line["depth"] > 1 for line in lines):
         out += ["", "In brackets: the gap to sequential over the whole stream; after \"end\", over its last quarter."]
     cuts = {(line["stream"], line["depth"]): line["balance"] for line in lines if line["depth"] > 1 and line["balance"]}
