@@ -103,7 +103,7 @@ def test_delay_correction_scales_a_scalar_parameter_too():
 
 def test_unknown_compensation():
     assert check_compensation("lr-scale") == ("lr-scale",)
-    expected = "unknown compensation .magic.; choose from lr-scale, weight-prediction, delay-correction, optimizer-prediction"
+    expected = "unknown compensation .magic.; choose 'auto' or any of step-scale, delay-correction, optimizer-prediction"
     with pytest.raises(ValueError, match=expected):
         partime.Pipeline(mlp(), 2, compensation=["magic"])
 
