@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from partime import Pipeline
+from partime import Pipeline, StageError
 from partime.fidelity import LR_GRID, OPTIMIZERS, even_balance, optimizer_factory
 
 STREAMS = ("drift", "wine", "sensor")
@@ -92,7 +92,7 @@ def run(args: tuple) -> dict:
                 losses.append(r.loss)
                 if name == "wine":
                     correct += int((r.output.argmax(1) == samples[r.index][1]).sum())
-        except Exception:  # a diverged run scores as such
+        except StageError:  # a diverged run scores as such
             return dict(name=name, opt=opt, lr=lr, depth=depth, comp=comp, seed=seed, score=None)
     score = correct / (frames * BATCH) if name == "wine" else statistics.mean(losses)
     return dict(name=name, opt=opt, lr=lr, depth=depth, comp=comp, seed=seed, score=score)

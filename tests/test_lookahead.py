@@ -4,13 +4,17 @@ import math
 
 import pytest
 import torch
+from models import classification_stream, mlp
 from torch import nn
 
 import partime
 from partime.compensation import AUTOMATIC, chosen_compensation, optimizer_kind
-from partime.lookahead import LONG_MOMENTUM, OptimizerPrediction, SpikeCompensation, lengthen_momentum
-
-from models import classification_stream, mlp
+from partime.lookahead import (
+    LONG_MOMENTUM,
+    OptimizerPrediction,
+    SpikeCompensation,
+    lengthen_momentum,
+)
 
 
 def scalar(value=1.0):
@@ -111,7 +115,7 @@ def test_long_momentum_keeps_the_steady_step_of_sgd_and_lengthens_adams_average(
 
 @pytest.mark.parametrize("compensation", ["optimizer-prediction", "spike", "long-momentum"])
 def test_an_optimizer_they_do_not_know_is_refused_when_the_pipeline_is_made(compensation):
-    with pytest.raises(ValueError, match=f"compensation '{compensation}' .* supports torch.optim.SGD .*got RMSprop"):
+    with pytest.raises(TypeError, match=f"compensation '{compensation}' .* supports torch.optim.SGD .*got RMSprop"):
         partime.Pipeline(mlp(), [3, 4], executor="inline", loss_fn=nn.CrossEntropyLoss(),
                          optimizer=lambda p: torch.optim.RMSprop(p), compensation=compensation)
 

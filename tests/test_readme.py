@@ -11,7 +11,7 @@ README = Path(__file__).resolve().parents[1] / "README.md"
 
 
 def test_the_first_example_runs(tmp_path):
-    example = re.search(r"```python\n(.*?)```", README.read_text(), re.S).group(1)
+    example = re.search(r"```python\n(.*?)```", README.read_text(), re.DOTALL).group(1)
     script = tmp_path / "example.py"
     script.write_text(example)
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
@@ -32,7 +32,7 @@ SPEC_PENDING = {"Live sources (`when_behind`)": "not built yet"}
 
 
 def sections(text):
-    parts = re.split(r"^## (.*)$", text, flags=re.M)
+    parts = re.split(r"^## (.*)$", text, flags=re.MULTILINE)
     return {"": parts[0], **dict(zip(parts[1::2], parts[2::2]))}
 
 

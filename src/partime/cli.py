@@ -9,7 +9,15 @@ from pathlib import Path
 
 import click
 from rich.console import Console
-from rich.progress import TaskID, BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
 from rich.table import Table
 
 from .executors import EXECUTORS

@@ -472,7 +472,7 @@ def plot(rows: Sequence[dict[str, Any]], path: Path) -> None:
         ax.set_ylabel("rolling loss" if stream == "camera" else "rolling accuracy")
         if stream == "camera":
             ax.set_yscale("log")
-    handles = {}
+    handles: dict[str, Any] = {}
     for ax in axes.flat:  # the optimizers differ in their compensations: a legend of every line
         handles.update(zip(ax.get_legend_handles_labels()[1], ax.get_legend_handles_labels()[0]))
     fig.legend(list(handles.values()), list(handles), loc="outside right upper", fontsize=8)

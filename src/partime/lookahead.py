@@ -57,8 +57,8 @@ OPTIONS = ("optimizer-prediction", "spike", "long-momentum")
 
 
 def check_optimizer_factory(factory: Callable[[Any], torch.optim.Optimizer] | None, names: Sequence[str]) -> None:
-    """A ValueError, before any stage is made, unless every option of ``names`` that reads the
-    optimizer's state knows the optimizer that ``factory`` makes (tried on one scalar parameter)."""
+    """``check_optimizer`` before any stage is made, for every option of ``names`` that reads the
+    optimizer's state, on the optimizer that ``factory`` makes of one scalar parameter."""
     wanted = [name for name in names if name in OPTIONS]
     if factory is None or not wanted:
         return
@@ -68,14 +68,15 @@ def check_optimizer_factory(factory: Callable[[Any], torch.optim.Optimizer] | No
 
 
 def check_optimizer(optimizer: torch.optim.Optimizer, option: str) -> None:
-    """A ValueError unless ``option`` knows how ``optimizer`` steps."""
+    """A TypeError unless ``option`` knows the kind of ``optimizer``; a ValueError if it cannot
+    take one of its settings."""
     if not isinstance(optimizer, (torch.optim.SGD, torch.optim.Adam)):
-        raise ValueError(f"compensation {option!r} reads the optimizer's state and supports {SUPPORTED}; "
-                         f"got {type(optimizer).__name__}")
-    if option == "spike" and isinstance(optimizer, torch.optim.SGD):
-        if any(group["nesterov"] for group in optimizer.param_groups):
-            raise ValueError("compensation 'spike' does not support SGD with nesterov=True; "
-                             "use nesterov=False or compensation 'optimizer-prediction'")
+        raise TypeError(f"compensation {option!r} reads the optimizer's state and supports {SUPPORTED}; "
+                        f"got {type(optimizer).__name__}")
+    nesterov = isinstance(optimizer, torch.optim.SGD) and any(g["nesterov"] for g in optimizer.param_groups)
+    if option == "spike" and nesterov:
+        raise ValueError("compensation 'spike' does not support SGD with nesterov=True; "
+                         "use nesterov=False or compensation 'optimizer-prediction'")
 
 
 LONG_MOMENTUM = 0.99

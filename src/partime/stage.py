@@ -30,8 +30,14 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .compensation import (DelayCorrection, StepSizeScale, WeightPredictor, chosen_compensation, delay,
-                           scale_step_size)
+from .compensation import (
+    DelayCorrection,
+    StepSizeScale,
+    WeightPredictor,
+    chosen_compensation,
+    delay,
+    scale_step_size,
+)
 from .lookahead import OptimizerPrediction, SpikeCompensation, lengthen_momentum
 from .values import as_tensors, copy_tensors, is_float
 
