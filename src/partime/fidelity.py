@@ -1,9 +1,9 @@
 """How much learning with delay costs: each stream, sequential against D-stage pipelines.
 
-Every configuration (a stream, a depth D, a grad mode, a compensation, a seed) learns online,
-test-then-train, through the ``inline`` executor: the numbers are those of a real D-stage
-pipeline (the executors are tested equal), but the run measures learning, not hardware, and
-needs one core. D = 1 is sequential online learning. Each run is scored over the whole stream
+Every configuration (a stream, an optimizer and its step size, a depth D, a grad mode, a
+compensation, a seed) learns online, test-then-train, through the ``inline`` executor: the
+numbers are those of a real D-stage pipeline (the executors are tested equal), but the run
+measures learning, not hardware, and needs one core. D = 1 is sequential online learning. Each run is scored over the whole stream
 and over its last quarter alone: the first says what the delay costs in all, the second what it
 still costs once most has been learnt.
 
@@ -11,6 +11,10 @@ The cut at each depth is, by default, the one a ``Pipeline`` given ``balance=D``
 learns (``delay_cut``: as fast as the fastest cut within 10%, with the fewest weights delayed),
 planned once per model and depth so that every run at that depth uses the same cut; ``cut="even"``
 gives each stage the same number of layers instead, to show what the choice of cut is worth.
+
+Each optimizer (``OPTIMIZERS``: plain SGD, SGD with momentum 0.9, Adam) learns each stream at the
+step size of ``LR_GRID`` that suits sequential learning of it best on ``TUNING_SEED``
+(``tuning_configs``, ``best_step_sizes``), so that a pipeline is held to a well-tuned baseline.
 
 Streams:
 - ``digits``: ``streams.moving_digits``, a small CNN classifying each frame (accuracy);
