@@ -10,12 +10,12 @@ optimizer's state (``"optimizer-prediction"``, ``"long-momentum"``, ``"spike"``)
 ``"step-scale"``: a delay-aware step size kept for good: stage ``i`` steps with
     ``lr / (1 + τ_i) ** p``, ``p = STEP_SCALE_POWER = 1``. PipeMare's analysis (below) finds that
     the largest stable step shrinks as the delay grows; a step size that suits sequential
-    learning best sits near the edge of stability, and with it the delayed stages of the panning
-    camera diverge with every optimizer; with it, plain SGD at lr 1 goes from 41 to 4 times
-    sequential's loss at D = 8 (``partime fidelity``, 2 seeds). ``p = 0.5`` let the camera
-    diverge at D = 8 with SGD and momentum (1500 samples, seed 0). It costs where the step was stable: on shuffled digits with
-    SGD at D = 8 it is 9.7 points behind sequential, against 7.3 for ``delay-correction`` alone
-    (``partime fidelity``, 2 seeds).
+    learning best sits near the edge of stability, and there the delayed stages of the panning
+    camera diverge with every optimizer. With this option, plain SGD at lr 1 goes from 41 to 4
+    times sequential's loss at D = 8 (``partime fidelity``, 2 seeds); ``p = 0.5`` let the camera
+    diverge at D = 8 with SGD and momentum (1500 samples, seed 0). It costs where the step was
+    stable: on shuffled digits with SGD at D = 8 it is 9.7 points behind sequential, against 7.3
+    for ``delay-correction`` alone.
 
 ``"lr-scale"``: delay-aware step size, after PipeMare (Yang et al., "PipeMare: Asynchronous
     Pipeline Parallel DNN Training", MLSys 2021, learning-rate rescheduling). Stage ``i`` steps
@@ -50,8 +50,8 @@ optimizer's state (``"optimizer-prediction"``, ``"long-momentum"``, ``"spike"``)
 
 With ``D = 1`` every delay is 0 and each is exactly plain online learning.
 
-Measured with plain SGD at lr 0.07 (``partime fidelity``, moving digits at D = 8 with ``stash``, 12 seeds,
-``docs/fidelity-d8.md``): ``delay-correction`` brings the gap to sequential online learning from
+Measured with plain SGD at lr 0.07 (``partime fidelity``, moving digits at D = 8 with ``stash``,
+12 seeds, ``docs/fidelity-d8.md``): ``delay-correction`` brings the gap to sequential online learning from
 6.2 points (one seed collapsed) to 0.4, and on the shuffled control from 9.6 to 2.4;
 ``lr-scale`` and ``weight-prediction`` widen it (11.9 and 10.1 points on moving digits). At
 D = 4 on moving digits ``delay-correction`` does worse than nothing (4.7 points against 1.7,
@@ -100,8 +100,9 @@ AUTO = "auto"
 AUTOMATIC = {"sgd": ("step-scale", "delay-correction"),
              "momentum": ("step-scale", "optimizer-prediction", "long-momentum"),
              "adam": ("step-scale", "optimizer-prediction", "long-momentum")}
-"""What ``"auto"`` chooses for each kind of optimizer: the configuration of ``stash`` that
-``partime fidelity`` measured best with it (README, "Learning with delay")."""
+"""What ``"auto"`` chooses for each kind of optimizer, from ``partime fidelity``'s measurements
+(README, "Learning with delay"): ``step-scale`` keeps every stream learning at the step size
+that suits sequential learning best, and beside it the rest did best with that optimizer."""
 
 
 def optimizer_kind(optimizer: torch.optim.Optimizer) -> str | None:

@@ -42,8 +42,8 @@ from torch import Tensor, nn
 
 from . import streams
 from .compensation import AUTOMATIC
-from .metrics import OnlineMetrics
 from .errors import StageError
+from .metrics import OnlineMetrics
 from .partition import plan
 from .pipeline import Pipeline
 

@@ -18,10 +18,10 @@ from torch import nn
 
 from .checkpoint import Checkpoints, layout_from_plain
 from .compensation import check_compensation
-from .lookahead import check_optimizer_factory
 from .errors import PipelineClosedError, StageError
 from .executors import EXECUTORS, Executor, Layout, Result, executor_class
 from .executors.base import LOOKAHEAD, stage_error
+from .lookahead import check_optimizer_factory
 from .partition import Partition, check_balance, plan, split
 from .signals import SigtermGuard
 from .stage import GRAD_MODES, NONFINITE, LossFn, OptimizerFactory, StageConfig, takes_target
