@@ -109,10 +109,14 @@ def test_unknown_compensation():
 
 
 @pytest.mark.parametrize("compensation", [("lr-scale",), ("weight-prediction",), ("delay-correction",),
-                                          ("lr-scale", "weight-prediction", "delay-correction")])
-def test_compensation_changes_learning_only_where_there_is_delay_and_matches_in_processes(compensation):
+                                          ("lr-scale", "weight-prediction", "delay-correction"), ("step-scale",),
+                                          ("optimizer-prediction",), ("spike",),
+                                          ("optimizer-prediction", "long-momentum"), "auto"])
+@pytest.mark.parametrize("make_opt", [lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.5),
+                                      lambda p: torch.optim.Adam(p, lr=1e-2)], ids=["momentum", "adam"])
+def test_compensation_changes_learning_only_where_there_is_delay_and_matches_in_processes(compensation, make_opt):
     xs, ys = classification_stream(60)
-    kw = dict(loss_fn=nn.CrossEntropyLoss(), optimizer=lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.5))
+    kw = dict(loss_fn=nn.CrossEntropyLoss(), optimizer=make_opt, grad_mode="stash")
     runs = {}
     for name, executor, comp in [("plain", "inline", ()), ("inline", "inline", compensation),
                                  ("process", "process", compensation)]:

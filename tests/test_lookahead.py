@@ -132,24 +132,6 @@ def test_the_two_predictions_do_not_go_together():
         partime.Pipeline(mlp(), 2, compensation=["weight-prediction", "optimizer-prediction"])
 
 
-@pytest.mark.parametrize("compensation", [("optimizer-prediction",), ("spike",),
-                                          ("optimizer-prediction", "long-momentum")])
-@pytest.mark.parametrize("make_opt", [lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9),
-                                      lambda p: torch.optim.Adam(p, lr=1e-2)], ids=["momentum", "adam"])
-def test_they_change_learning_only_where_there_is_delay_and_match_in_processes(compensation, make_opt):
-    xs, ys = classification_stream(40)
-    kw = dict(loss_fn=nn.CrossEntropyLoss(), optimizer=make_opt, grad_mode="stash")
-    runs = {}
-    for name, executor, comp in [("plain", "inline", ()), ("inline", "inline", compensation),
-                                 ("process", "process", compensation)]:
-        with partime.Pipeline(mlp(), [3, 4], executor=executor, threads=1, compensation=comp, **kw) as pipe:
-            runs[name] = [r.loss for r in pipe.stream(xs, ys)], list(pipe.module.parameters())
-    assert runs["inline"][0] == runs["process"][0]
-    assert all(torch.equal(p, q) for p, q in zip(runs["inline"][1], runs["process"][1]))
-    assert runs["inline"][0] != runs["plain"][0]
-    assert runs["inline"][0][:2] == runs["plain"][0][:2]  # the last stage has no delay
-
-
 @pytest.mark.parametrize("make_opt, kind", [
     (lambda p: torch.optim.SGD(p, lr=0.1), "sgd"),
     (lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9), "momentum"),
