@@ -24,7 +24,7 @@ from .executors import EXECUTORS
 
 DISTRIBUTED_LAYERS = 16
 """The distributed bench's default number of blocks: at D = 2, stages of about 4.4 ms on the README's 2-core VM
-(the bar the distributed executor is held to is set for stages of 4 ms or more)."""
+(the distributed executor's sends between ranks pay off for stages of 4 ms or more)."""
 
 
 def _depths(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, ...]:
@@ -65,7 +65,7 @@ def main() -> None:
 @click.option("--size", type=click.IntRange(min=1), default=32, show_default=True, help="Frame height and width.")
 @click.option("--layers", type=click.IntRange(min=1), default=None,
               help="Convolution blocks after the stem.  [default: 12; 16 with the distributed executor, "
-                   "whose bar is set for stages of 4 ms or more at D = 2]")
+                   "whose sends between ranks pay off for stages of 4 ms or more at D = 2]")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Also write the rows to this JSON file.")
 def bench(executor: str, samples: int, depths: tuple[int, ...], size: int, layers: int | None,
