@@ -40,7 +40,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from . import streams
+from . import lookahead, streams
 from .compensation import AUTOMATIC
 from .errors import StageError
 from .metrics import OnlineMetrics
@@ -66,7 +66,6 @@ DIGITS_LR = 0.07  # plain SGD's best step size for sequential learning of moving
 COMPENSATIONS = {"partime": ("",), "weight-stash": ("", "delay-correction"),
                  "stash": ("", "delay-correction", "step-scale", "optimizer-prediction",
                            "optimizer-prediction+long-momentum", "spike")}
-OPTIMIZER_AWARE = ("optimizer-prediction", "long-momentum", "spike")
 CUTS = ("planned", "even")
 
 
@@ -79,7 +78,7 @@ def compensations(grad_mode: str, optimizer: str) -> tuple[str, ...]:
     """The compensations measured with ``grad_mode`` under ``optimizer`` (with ``stash``, the
     default's choice among them)."""
     names = [c for c in COMPENSATIONS[grad_mode]
-             if optimizer != "sgd" or not any(option in OPTIMIZER_AWARE for option in c.split("+"))]
+             if optimizer != "sgd" or not any(option in lookahead.OPTIONS for option in c.split("+"))]
     if grad_mode == "stash":
         names.append(automatic(optimizer))
     return tuple(dict.fromkeys(names))
@@ -406,9 +405,10 @@ def _table(lines: Sequence[dict[str, Any]]) -> str:
              "camera": "panning camera: next-frame MSE (gap, %)"}
     out = ["| configuration | " + " | ".join(heads[s] for s in stream_names) + " |",
            "|---|" + "---|" * len(stream_names)]
+    depths = {line["label"]: line["depth"] for line in lines}
+    optimizer = lines[0]["optimizer"]
     for label in labels:
-        depth = cell.get((stream_names[0], label), {}).get("depth", 1)
-        optimizer = next(iter(cell.values()))["optimizer"]
+        depth = depths[label]
         mark = " (default)" if depth > 1 and label == default_label(depth, optimizer) else ""
         cells = []
         for s in stream_names:
