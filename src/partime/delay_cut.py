@@ -19,7 +19,7 @@ one that needs no data to compute; the README's fidelity table is the measuremen
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from .compensation import delay
 from .partition import Partition, best_split
@@ -29,7 +29,8 @@ DELAY_SLACK = 0.1
 
 
 def delay_aware_split(
-    layer_times: Sequence[float], layer_params: Sequence[int], depth: int, *, slack: float = DELAY_SLACK
+    layer_times: Sequence[float], layer_params: Sequence[int], depth: int, *, slack: float = DELAY_SLACK,
+    forbidden: Collection[int] = (),
 ) -> tuple[int, ...]:
     """The balance into ``depth`` stages with the fewest delay-weighted weights among those whose
     slowest stage takes at most ``(1 + slack)`` times the slowest stage of ``best_split``.
@@ -38,15 +39,19 @@ def delay_aware_split(
     minimised. Ties go to the cut ``best_split`` would prefer (stage times, sorted from the
     largest down, lexicographically smallest; then the balance). With ``slack=0`` the slowest
     stage is as fast as ``best_split``'s; ``best_split``'s own cut always qualifies.
+
+    No cut falls at a position in ``forbidden`` (as in ``best_split``): the bound and the choice
+    are then taken among the cuts that avoid them.
     """
     times = list(layer_times)
     params = [int(p) for p in layer_params]
-    fastest = best_split(times, depth)  # validates times and depth
+    fastest = best_split(times, depth, forbidden=forbidden)  # validates times, depth, forbidden
     if len(params) != len(times) or any(p < 0 for p in params):
         raise ValueError(f"need one weight count >= 0 per layer: {len(times)} layers, got {list(layer_params)}")
     if not (math.isfinite(slack) and slack >= 0):
         raise ValueError(f"slack must be a finite number >= 0, got {slack!r}")
     n = len(times)
+    banned = set(forbidden)
     seg = [[0.0] * (n + 1) for _ in range(n + 1)]  # seg[a][b] = sum(times[a:b]), left to right
     weights = [[0] * (n + 1) for _ in range(n + 1)]
     for a in range(n):
@@ -67,7 +72,7 @@ def delay_aware_split(
         for b in range(k + 1, n + 1):
             options = [(best[a][0] + weights[a][b] * delay(k, depth),
                         tuple(sorted(best[a][1] + (seg[a][b],), reverse=True)), best[a][2] + (b - a,))
-                       for a in range(k, b) if a in best and seg[a][b] <= bound]
+                       for a in range(k, b) if a in best and a not in banned and seg[a][b] <= bound]
             if options:
                 longer[b] = min(options)
         best = longer

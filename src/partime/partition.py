@@ -4,17 +4,21 @@ A model is an ``nn.Sequential``; a *balance* says how many of its top-level chil
 stage gets, in order. ``check_balance`` says whether a balance can cut a model, ``split``
 makes the stages, ``profile_layers`` measures each child, ``best_split`` chooses the balance
 whose slowest stage is fastest, and ``plan`` puts these together into a ``Partition``.
+``tied_cuts`` says where a model must not be cut: between two children that share a tensor,
+which two stages would each update on their own.
 """
 
 from __future__ import annotations
 
+import bisect
 import copy
+import itertools
 import logging
 import math
 import statistics
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from numbers import Integral, Real
 from typing import Any, TypeGuard
@@ -85,11 +89,68 @@ class Partition:
         return text + ", predicted " + " / ".join(f"{t * scale:.2f}" for t in times) + f" {unit}"
 
 
+@dataclass(frozen=True)
+class Tie:
+    """A parameter or buffer that two children of a model hold: the very same tensor.
+
+    ``kind`` is "parameter" or "buffer"; ``first < second`` are the two children's indices, and
+    ``first_name`` / ``second_name`` the tensor's name in the model as each child holds it, as
+    ``model.named_parameters(remove_duplicate=False)`` (or ``named_buffers``) calls it there,
+    e.g. "0.weight" and "2.weight".
+    """
+
+    kind: str
+    first: int
+    first_name: str
+    second: int
+    second_name: str
+
+
+def tied_cuts(model: nn.Sequential) -> dict[int, Tie]:
+    """The cut positions of ``model`` that would separate a tensor that two children share, each
+    with a ``Tie`` that the cut would break; positions in increasing order, none if nothing is shared.
+
+    Position k cuts between child k - 1 and child k (1 <= k < len(model)). Parameters and buffers
+    are compared by identity, so a child that appears twice shares all of its own (one that holds
+    none shares nothing and may be cut). A tensor held by children i < j rules out every position
+    from i + 1 to j. Where several ties span a position, its ``Tie`` is the first in the model's
+    order; a tensor held by three or more children ties each holder to the next.
+    """
+    holders: dict[int, list[tuple[int, str, str]]] = {}  # id(tensor) -> (child, name, kind)
+    # _modules rather than named_children(): the latter skips a module that appears twice.
+    for k, (key, child) in enumerate(model._modules.items()):
+        if child is None:
+            continue
+        seen: set[int] = set()
+        named = itertools.chain(
+            (("parameter", name, t) for name, t in child.named_parameters(key, remove_duplicate=False)),
+            (("buffer", name, t) for name, t in child.named_buffers(key, remove_duplicate=False)),
+        )
+        for kind, name, t in named:
+            if id(t) not in seen:  # the first name of a tensor a child holds twice
+                seen.add(id(t))
+                holders.setdefault(id(t), []).append((k, name, kind))
+    ties = [
+        Tie(kind, i, first_name, j, second_name)
+        for held in holders.values()
+        for (i, first_name, kind), (j, second_name, _) in itertools.pairwise(held)
+    ]
+    cuts: dict[int, Tie] = {}
+    for tie in sorted(ties, key=lambda t: (t.first, t.second)):  # stable: the model's order
+        for k in range(tie.first + 1, tie.second + 1):
+            cuts.setdefault(k, tie)
+    return dict(sorted(cuts.items()))
+
+
 def check_balance(model: nn.Sequential, balance: int | Sequence[int]) -> None:
     """Raise a TypeError or ValueError naming the actual values unless ``balance`` cuts ``model``.
 
     ``balance`` is either a number of stages D (1 <= D <= len(model)), or the number of layers
     of each stage: positive ints summing to ``len(model)``. A bool is not taken for an int.
+
+    No stage may be cut off from another that holds the same parameter or buffer (see
+    ``tied_cuts``): a list balance that does so is refused, naming the tensor, both stages and a
+    balance that keeps them together; a number of stages D only if no cut into D stages avoids it.
     """
     if not isinstance(model, nn.Sequential):
         raise TypeError(
@@ -110,6 +171,9 @@ def check_balance(model: nn.Sequential, balance: int | Sequence[int]) -> None:
                 f"cannot cut {n} layers into {balance} stages: a stage needs at least one layer "
                 f"(balance: {balance}, layers: {n})"
             )
+        ties = tied_cuts(model)
+        if balance > n - len(ties):
+            raise ValueError(_too_tied(n, int(balance), ties))
         return
     if not isinstance(balance, Sequence) or isinstance(balance, (str, bytes)):
         raise TypeError(
@@ -135,6 +199,11 @@ def check_balance(model: nn.Sequential, balance: int | Sequence[int]) -> None:
             "balance and number of layers differ "
             f"(layers: {n}, sum of balance: {sum(balance)}, balance: {_ints(balance)})"
         )
+    ties = tied_cuts(model)
+    cuts = list(itertools.accumulate(_ints(balance[:-1])))
+    cut = next((c for c in cuts if c in ties), None)
+    if cut is not None:
+        raise ValueError(_cuts_a_tie(n, _ints(balance), cut, ties))
 
 
 def split(model: nn.Sequential, balance: Sequence[int]) -> list[nn.Sequential]:
@@ -156,7 +225,9 @@ def split(model: nn.Sequential, balance: Sequence[int]) -> list[nn.Sequential]:
     return [nn.Sequential(OrderedDict(children[a:b])) for a, b in Partition(tuple(balance)).bounds]
 
 
-def best_split(layer_times: Sequence[float], depth: int) -> tuple[int, ...]:
+def best_split(
+    layer_times: Sequence[float], depth: int, *, forbidden: Collection[int] = ()
+) -> tuple[int, ...]:
     """The balance cutting ``layer_times`` into ``depth`` contiguous non-empty groups whose largest
     group sum is smallest (exactly, not a heuristic).
 
@@ -165,6 +236,10 @@ def best_split(layer_times: Sequence[float], depth: int) -> tuple[int, ...]:
     stage is as fast as it can be, and so on); among those, the lexicographically smallest
     balance (fewer layers in earlier stages). Group sums are added left to right, as ``sum``
     does, so they equal ``sum(layer_times[a:b])`` exactly.
+
+    No cut falls at a position in ``forbidden`` (position k cuts between layers k - 1 and k,
+    1 <= k < len(layer_times)): the result is the best, by the same order, of the splits that
+    avoid them all. A ValueError if none does.
     """
     times = list(layer_times)
     n = len(times)
@@ -174,6 +249,16 @@ def best_split(layer_times: Sequence[float], depth: int) -> tuple[int, ...]:
     if not _is_int(depth) or not 1 <= depth <= n:
         raise ValueError(
             f"cannot cut {n} layers into {depth!r} stages: depth must be an int from 1 to {n}"
+        )
+    banned = set(forbidden)
+    outside = [k for k in forbidden if not (_is_int(k) and 1 <= k < n)]
+    if outside:
+        raise ValueError(f"forbidden cuts must be ints from 1 to {n - 1} for {n} layers, got {outside}")
+    if depth - 1 > n - 1 - len(banned):
+        raise ValueError(
+            f"cannot cut {n} layers into {depth} stages without cutting at {sorted(banned)}: "
+            f"{depth} stages need {depth - 1} of the {n - 1} positions, and only "
+            f"{n - 1 - len(banned)} are left"
         )
     # seg[a][b] = sum(times[a:b]), added left to right.
     seg = [[0.0] * (n + 1) for _ in range(n + 1)]
@@ -185,16 +270,20 @@ def best_split(layer_times: Sequence[float], depth: int) -> tuple[int, ...]:
     # best[b] holds, for the first b layers cut into k groups, the key (sums sorted from largest
     # down, balance) of the best such cut. Appending one more group to two cuts keeps their
     # order under this key, so the best cut of b layers extends a best cut of some prefix.
+    # The first k - 1 groups end at a, the new cut: one in ``banned`` is never taken, and b is
+    # absent when no allowed cut of its first b layers into k groups exists.
     best: dict[int, tuple[tuple[float, ...], tuple[int, ...]]]
     best = {b: ((seg[0][b],), (b,)) for b in range(1, n + 1)}
     for k in range(2, depth + 1):
-        best = {
-            b: min(
-                (tuple(sorted(best[a][0] + (seg[a][b],), reverse=True)), best[a][1] + (b - a,))
-                for a in range(k - 1, b)
-            )
-            for b in range(k, n + 1)
-        }
+        longer: dict[int, tuple[tuple[float, ...], tuple[int, ...]]] = {}
+        for b in range(k, n + 1):
+            ends = [a for a in range(k - 1, b) if a in best and a not in banned]
+            if ends:
+                longer[b] = min(
+                    (tuple(sorted(best[a][0] + (seg[a][b],), reverse=True)), best[a][1] + (b - a,))
+                    for a in ends
+                )
+        best = longer
     return best[n][1]
 
 
@@ -264,6 +353,9 @@ def plan(
     times: for inference (forward times) the ``best_split``; when ``learning`` (forward and
     backward times), the ``delay_cut.delay_aware_split``, which keeps the layers with the most
     weights out of the early, delayed stages at a cost of at most ``DELAY_SLACK`` in speed.
+
+    Either way no cut separates two children that share a tensor (``tied_cuts``): a list
+    balance that would is refused, and D stages are chosen among the cuts that do not.
     """
     check_balance(model, balance)
     if isinstance(balance, Sequence):
@@ -276,13 +368,16 @@ def plan(
                 "or give the layers of each stage (e.g. balance=[2, 3])"
             )
         times = profile_layers(model, sample, learning=learning)
+        forbidden = frozenset(tied_cuts(model))
         if learning:
-            from .delay_cut import delay_aware_split  # it builds on best_split: imported here, not above
+            # delay_cut builds on best_split: imported here, not above
+            from .delay_cut import delay_aware_split
 
             params = [sum(p.numel() for p in child.parameters() if p.requires_grad) for child in model]
-            partition = Partition(delay_aware_split(times, params, int(balance)), times)
+            cut = delay_aware_split(times, params, int(balance), forbidden=forbidden)
+            partition = Partition(cut, times)
         else:
-            partition = Partition(best_split(times, int(balance)), times)
+            partition = Partition(best_split(times, int(balance), forbidden=forbidden), times)
     log.info("partition: %s", partition)
     return partition
 
@@ -293,6 +388,83 @@ def _is_int(x: object) -> TypeGuard[int]:
 
 def _ints(balance: Sequence[int]) -> list[int]:
     return [int(b) for b in balance]
+
+
+def _balance(cuts: Sequence[int], n: int) -> list[int]:
+    """The balance of ``n`` layers cut at ``cuts`` (increasing positions)."""
+    return [b - a for a, b in itertools.pairwise((0, *cuts, n))]
+
+
+def _nearest_cuts(cuts: Sequence[int], allowed: Sequence[int]) -> tuple[int, ...] | None:
+    """As many increasing positions out of ``allowed`` as ``cuts`` has, each moved as little from
+    its own (least total distance; ties to the earlier positions), or None if there are too few.
+    """
+    # row[j]: (distance, positions) of the best placement of the cuts so far in allowed[:j].
+    Key = tuple[int, tuple[int, ...]]
+    row: list[Key | None] = [(0, ())] * (len(allowed) + 1)
+    for c in cuts:
+        new: list[Key | None] = [None]
+        for j, a in enumerate(allowed):
+            options = [key for key in (new[j],) if key is not None]
+            if (before := row[j]) is not None:
+                options.append((before[0] + abs(a - c), (*before[1], a)))
+            new.append(min(options) if options else None)
+        row = new
+    last = row[-1]
+    return None if last is None else last[1]
+
+
+def _tie_text(tie: Tie, stages: Sequence[int] = ()) -> str:
+    where = [f" (stage {s})" for s in stages] or ["", ""]
+    return (
+        f'"{tie.first_name}" of layer {tie.first}{where[0]} is '
+        f'"{tie.second_name}" of layer {tie.second}{where[1]}'
+    )
+
+
+def _block(n: int, cut: int, ties: Collection[int]) -> tuple[int, int]:
+    """The first and last layer of the run around ``cut`` that no allowed position cuts."""
+    start = max(k for k in range(cut) if k not in ties)  # 0 is never in ties
+    stop = min(k for k in range(cut + 1, n + 1) if k not in ties)  # nor is n
+    return start, stop - 1
+
+
+def _cuts_a_tie(n: int, balance: list[int], cut: int, ties: dict[int, Tie]) -> str:
+    """Why ``balance`` must not cut at ``cut``, and a balance that keeps the tie in one stage."""
+    tie = ties[cut]
+    cuts = list(itertools.accumulate(balance[:-1]))
+    stages = [bisect.bisect_right(cuts, k) for k in (tie.first, tie.second)]
+    start, last = _block(n, cut, ties)
+    allowed = [k for k in range(1, n) if k not in ties]
+    nearest = _nearest_cuts(cuts, allowed)
+    if nearest is not None:
+        fix = f"balance={_balance(nearest, n)}"
+    else:
+        fix = (
+            f"balance={_balance(allowed, n)} (no cut into {len(balance)} stages keeps the shared "
+            f"tensors together: {len(allowed) + 1} stage{'s' if allowed else ''} at most)"
+        )
+    return (
+        f"balance {balance} splits a shared {tie.kind} between stage {stages[0]} and stage "
+        f"{stages[1]}: {_tie_text(tie, stages)}, and each stage would update it on its own "
+        f"(layers: {n}); put layers {start} to {last} in one stage: {fix}, or untie the weights"
+    )
+
+
+def _too_tied(n: int, depth: int, ties: dict[int, Tie]) -> str:
+    """Why no cut of ``n`` layers into ``depth`` stages keeps every tie in one stage."""
+    allowed = [k for k in range(1, n) if k not in ties]
+    runs = [_block(n, k, ties) for k in ties if k - 1 not in ties]  # one per run of tied cuts
+    reasons = [f"layers {a} to {b} must stay in one stage ({_tie_text(ties[a + 1])})" for a, b in runs]
+    if len(reasons) > 3:
+        reasons[3:] = [f"{len(reasons) - 3} more such runs"]
+    at_most = len(allowed) + 1
+    return (
+        f"cannot cut {n} layers into {depth} stages without splitting a shared parameter or "
+        f"buffer (balance: {depth}, layers: {n}): {'; '.join(reasons)}, so {at_most} "
+        f"stage{'s' if at_most != 1 else ''} at most: balance={_balance(allowed, n)}, "
+        f"or untie the weights"
+    )
 
 
 def _time_unit(seconds: float) -> tuple[float, str]:
