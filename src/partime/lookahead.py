@@ -57,6 +57,7 @@ gives momentum and Adam: on the panning camera at D = 8 +856% and +1313% against
 from __future__ import annotations
 
 import math
+import reprlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -68,15 +69,66 @@ OPTIONS = ("optimizer-prediction", "spike", "long-momentum")
 """The compensation options that read the optimizer's state."""
 
 
+EXAMPLE = "lambda params: torch.optim.SGD(params, lr=0.01)"
+"""A factory to show in an error message."""
+
+
 def check_optimizer_factory(factory: Callable[[Any], torch.optim.Optimizer] | None, names: Sequence[str]) -> None:
-    """``check_optimizer`` before any stage is made, for every option of ``names`` that reads the
-    optimizer's state, on the optimizer that ``factory`` makes of one scalar parameter."""
-    wanted = [name for name in names if name in OPTIONS]
-    if factory is None or not wanted:
+    """That ``factory`` (None: no learning) makes, of a probe list of parameters, an optimizer that
+    holds some of them, and that every option of ``names`` that reads the optimizer's state knows it.
+
+    A TypeError if ``factory`` is not callable (a string, an optimizer instance), or returns
+    anything but a ``torch.optim.Optimizer``; a ValueError if its optimizer holds none of the probe
+    parameters; an error of the kind ``factory`` raised (a RuntimeError for kinds other than
+    TypeError and ValueError) chained to it if the call fails; then ``check_optimizer``'s errors.
+    """
+    if factory is None:
         return
-    probe = factory([torch.nn.Parameter(torch.zeros(1))])
-    for name in wanted:
-        check_optimizer(probe, name)
+    wanted = "optimizer must be a factory params -> Optimizer, e.g. " + EXAMPLE
+    if isinstance(factory, torch.optim.Optimizer):
+        raise TypeError(f"{wanted}; got an instance of {type(factory).__name__} (each stage makes its own "
+                        "optimizer of its own parameters)")
+    if isinstance(factory, str) or not callable(factory):
+        raise TypeError(f"{wanted}; got {described(factory)}")
+    # A weight and a bias, as a Linear layer has: what a factory that picks parameters by their
+    # shape (e.g. no weight decay on biases) finds in most stages.
+    probe = [torch.nn.Parameter(torch.zeros(1, 1)), torch.nn.Parameter(torch.zeros(1))]
+    source = "the optimizer factory, called on a probe list of 2 parameters (shapes (1, 1) and (1,)),"
+    try:
+        optimizer = factory(probe)
+    except Exception as exc:
+        kind = type(exc) if type(exc) in (TypeError, ValueError) else RuntimeError
+        raise kind(f"{source} failed: {type(exc).__name__}: {exc}; it must accept any list of trainable "
+                   "parameters, as each stage calls it with its own") from exc
+    check_holds(optimizer, probe, source, "no stage would learn")
+    for name in names:
+        if name in OPTIONS:
+            check_optimizer(optimizer, name)
+
+
+def check_holds(optimizer: Any, params: Sequence[Tensor], source: str, consequence: str) -> list[int]:
+    """The positions in ``params`` of those that ``optimizer``, which ``source`` made of them, leaves out.
+
+    A TypeError unless ``optimizer`` is a ``torch.optim.Optimizer``; a ValueError if it holds none
+    of ``params``. Both messages say ``consequence``, e.g. "stage 1 would never learn".
+    """
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        hint = " (a def must return it)" if optimizer is None else ""
+        raise TypeError(f"{source} returned {described(optimizer)}, not a torch.optim.Optimizer: {consequence}; "
+                        f"the factory must return the optimizer it makes of the params it is given{hint}, "
+                        f"e.g. {EXAMPLE}")
+    held = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    left_out = [k for k, p in enumerate(params) if id(p) not in held]
+    if params and len(left_out) == len(params):
+        raise ValueError(f"{source} returned {type(optimizer).__name__} holding none of them (it holds {len(held)} "
+                         f"other parameters): {consequence}; the optimizer factory must optimise the params "
+                         f"it is given, e.g. {EXAMPLE}, not other_model.parameters()")
+    return left_out
+
+
+def described(value: Any) -> str:
+    """``value`` in an error message: its type and a short repr."""
+    return "None" if value is None else f"{type(value).__name__} {reprlib.repr(value)}"
 
 
 def check_optimizer(optimizer: torch.optim.Optimizer, option: str) -> None:

@@ -22,6 +22,7 @@ weights that no step has changed since) it is reused instead of running the forw
 from __future__ import annotations
 
 import inspect
+import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -38,8 +39,16 @@ from .compensation import (
     delay,
     scale_step_size,
 )
-from .lookahead import OptimizerPrediction, SpikeCompensation, lengthen_momentum
+from .lookahead import (
+    OptimizerPrediction,
+    SpikeCompensation,
+    check_holds,
+    described,
+    lengthen_momentum,
+)
 from .values import as_tensors, copy_tensors, is_float
+
+log = logging.getLogger(__name__)
 
 GRAD_MODES = ("partime", "stash", "weight-stash")
 NONFINITE = ("raise", "skip")
@@ -63,6 +72,16 @@ class StageConfig:
     @property
     def learning(self) -> bool:
         return self.optimizer is not None
+
+
+def check_loss_fn(loss_fn: Any) -> None:
+    """A TypeError unless ``loss_fn`` is callable (or None: no learning), and not a loss class
+    where an instance of it is meant."""
+    wanted = "loss_fn must be a callable such as nn.MSELoss() or a function (output, target) -> scalar tensor"
+    if isinstance(loss_fn, type) and issubclass(loss_fn, nn.Module):
+        raise TypeError(f"{wanted}, got the class {loss_fn.__name__}; pass an instance: {loss_fn.__name__}()")
+    if loss_fn is not None and not callable(loss_fn):
+        raise TypeError(f"{wanted}, got {described(loss_fn)}")
 
 
 def takes_target(loss_fn: LossFn) -> bool | None:
@@ -93,7 +112,13 @@ class _Forward:
 
 
 class Stage:
-    """Stage ``index`` of a pipeline of ``config.depth`` stages, running ``module`` on ``device``."""
+    """Stage ``index`` of a pipeline of ``config.depth`` stages, running ``module`` on ``device``.
+
+    A learning stage with trainable parameters makes its optimizer with ``config.optimizer``: a
+    TypeError if that returns anything but a ``torch.optim.Optimizer``, a ValueError if the
+    optimizer holds none of the stage's trainable parameters; a warning names those it leaves out
+    (they do not learn; a factory may choose to leave some out).
+    """
 
     def __init__(self, index: int, module: nn.Module, config: StageConfig, device: str | torch.device = "cpu"):
         self.index = index
@@ -108,8 +133,8 @@ class Stage:
         self._predictor: WeightPredictor | OptimizerPrediction | None = None
         self._corrector: DelayCorrection | None = None
         self._spike: SpikeCompensation | None = None
-        if config.learning and self._params:
-            self.optimizer = config.optimizer(self._params)
+        if config.optimizer is not None and self._params:  # config.learning, in a form mypy narrows
+            self.optimizer = self._make_optimizer(config.optimizer)
             tau = delay(index, config.depth)
             chosen = chosen_compensation(config.compensation, self.optimizer)
             if "step-scale" in chosen and tau > 0:
@@ -162,6 +187,10 @@ class Stage:
         Returns the loss and the gradient w.r.t. this stage's input (None at stage 0). A loss that
         is not finite raises a FloatingPointError, or with ``nonfinite="skip"`` is returned with
         the gradient None: nothing is back-propagated and the optimizer does not step.
+
+        When this stage has trainable parameters, a loss that does not require grad, or that has
+        no gradient path to any of them, raises a ValueError before any step (a zero gradient,
+        as of ``(output * 0).sum()``, is a path).
         """
         self.phase = "loss"
         record = self._record_for(sample)
@@ -175,6 +204,11 @@ class Stage:
             raise ValueError(
                 f"loss_fn must return a scalar tensor, got {shape} for sample {sample}; "
                 "reduce it, e.g. with .mean()"
+            )
+        if self.optimizer is not None and not loss.requires_grad:
+            raise ValueError(
+                f"loss_fn returned a tensor with no gradient (requires_grad=False) for sample {sample}: "
+                f"do not detach it or rebuild it from .item(); stage {self.index} would never learn"
             )
         value = loss.item()
         if not math.isfinite(value):
@@ -263,6 +297,18 @@ class Stage:
 
     # -- internals ------------------------------------------------------------------------------
 
+    def _make_optimizer(self, factory: OptimizerFactory) -> torch.optim.Optimizer:
+        """``factory``'s optimizer of this stage's trainable parameters, checked (see the class)."""
+        optimizer = factory(self._params)
+        source = (f"stage {self.index}: the optimizer factory, called on its {len(self._params)} trainable "
+                  f"parameters ({_listed(self._names)}),")
+        left_out = check_holds(optimizer, self._params, source, f"stage {self.index} would never learn")
+        if left_out:
+            log.warning("stage %d: the optimizer leaves out %d of its %d trainable parameters, which will not "
+                        "learn: %s", self.index, len(left_out), len(self._params),
+                        _listed([self._names[k] for k in left_out]))
+        return optimizer
+
     def _record_from(self, state: dict[str, Any]) -> _Forward:
         """A kept forward from ``_record_state``, without its graph."""
         inputs = tuple(self._leaf(t.to(self.device)) for t in state["inputs"])
@@ -318,6 +364,12 @@ class Stage:
                 allow_unused=True,
             )
         record.outputs = None  # autograd.grad has freed its graph
+        if grads is None and self.optimizer is not None and all(g is None for g in found[: len(weights)]):
+            raise ValueError(
+                f"the loss of sample {sample} has no gradient path to any parameter of stage {self.index}: "
+                "loss_fn must compute it from the output it is given, not return a constant or a tensor "
+                f"made apart from it; stage {self.index} would never learn"
+            )
         if self.optimizer is not None:
             for p, g in zip(self._params, found[: len(weights)]):
                 p.grad = g
@@ -352,6 +404,11 @@ class Stage:
         for record in self._pending.values():
             if not record.weights:
                 record.outputs = None
+
+
+def _listed(names: list[str], most: int = 6) -> str:
+    shown = ", ".join(names[:most])
+    return shown if len(names) <= most else f"{shown} and {len(names) - most} more"
 
 
 def _record_state(record: _Forward) -> dict[str, Any]:
