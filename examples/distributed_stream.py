@@ -17,9 +17,11 @@ rank 0 closes the pipeline, and ``pipe.stream`` then yields nothing.
 """
 
 import argparse
+import json
 import math
 import os
 import time
+from collections.abc import Iterable
 
 import torch
 from torch import nn
@@ -53,23 +55,29 @@ def conv_net(blocks: int = 6, channels: int = 32, classes: int = 3) -> nn.Sequen
     return nn.Sequential(*layers, nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(channels, classes)))
 
 
+def optimizer(params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
+    """Every stage's optimizer: SGD with momentum."""
+    return torch.optim.SGD(params, lr=1e-3, momentum=0.9)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--samples", type=int, default=600)
     parser.add_argument("--save", help="write the trained weights here (rank 0)")
+    parser.add_argument("--record", help="write the cut and every result's index and loss here, as JSON (rank 0)")
     args = parser.parse_args()
     depth, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
 
     xs = (x for x, _ in frames(args.samples))
     ys = (y for _, y in frames(args.samples))
-    optimizer = lambda params: torch.optim.SGD(params, lr=1e-3, momentum=0.9)  # noqa: E731
     with partime.Pipeline(conv_net(), depth, executor="distributed", loss_fn=nn.CrossEntropyLoss(),
                           optimizer=optimizer) as pipe:
-        losses = []
+        losses, indices = [], []
         for result in pipe.stream(xs, ys):  # on ranks > 0: nothing, their stage has been served
             if not losses:
                 start = time.perf_counter()  # the stages have started (which takes a few seconds)
             losses.append(result.loss)
+            indices.append(result.index)
             if len(losses) % 100 == 0:
                 print(f"sample {result.index + 1}: mean loss of the last 100 {sum(losses[-100:]) / 100:.3f}")
         if rank == 0:
@@ -78,6 +86,9 @@ def main() -> None:
             trained = pipe.module  # every stage's weights, fetched from its rank
             if args.save:
                 torch.save(trained.state_dict(), args.save)
+            if args.record:  # a float's repr reads back as the same float: the losses survive JSON exactly
+                with open(args.record, "w") as f:
+                    json.dump({"balance": list(pipe.partition.balance), "indices": indices, "losses": losses}, f)
 
 
 if __name__ == "__main__":
