@@ -7,6 +7,7 @@ Stage j's linear layer has ``4 + j`` inputs, which is how an optimizer factory k
 """
 
 import os
+import time
 from pathlib import Path
 
 import torch
@@ -41,7 +42,8 @@ class _FailBackward(torch.autograd.Function):
 
 
 class Trip(nn.Module):
-    """Fails in the forward (or the backward) of sample ``sample`` when it is stage ``stage``."""
+    """Fails in the forward (or the backward) of sample ``sample`` when it is stage ``stage``; with
+    ``phase="hang"`` its forward of that sample blocks for an hour."""
 
     def __init__(self, position, stage, sample, phase):
         super().__init__()
@@ -52,6 +54,8 @@ class Trip(nn.Module):
         if self.position == self.stage and int(tag) == self.sample:
             if self.phase == "forward":
                 raise Tripped(f"forward of sample {self.sample}")
+            if self.phase == "hang":  # a forward that never returns (and asks nobody whether to stop)
+                time.sleep(3600)
             if self.phase == "backward" and torch.is_grad_enabled():
                 x = _FailBackward.apply(x, self.sample)
         return x, tag

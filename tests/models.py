@@ -35,3 +35,22 @@ def classification_stream(n, seed=0):
 def reconstruction_loss(output):
     """An unsupervised loss: it takes the output only."""
     return (output ** 2).mean()
+
+
+def conv_net(seed=0):
+    """Two 3x3 convolutions and a classifier of 3 classes, for frames of shape (1, 3, 8, 8)."""
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.Conv2d(4, 4, 3, padding=1), nn.Flatten(),
+                         nn.Linear(4 * 8 * 8, 3))
+
+
+CONV_BALANCES = {2: [2, 3], 3: [1, 2, 2]}
+
+
+def strided_frames(n, seed=0):
+    """``n`` frames of shape (1, 3, 8, 8) that are not contiguous (channels last, seen through a
+    permute: a convolution computes them in other bits than their contiguous copies), and labels."""
+    gen = torch.Generator().manual_seed(seed)
+    xs = [torch.randn(1, 8, 8, 3, generator=gen).permute(0, 3, 1, 2) for _ in range(n)]
+    ys = [torch.randint(3, (1,), generator=gen) for _ in range(n)]
+    return xs, ys

@@ -20,7 +20,7 @@ from torch import nn
 
 import partime
 
-from models import Join, Pair, classification_stream, mlp, reconstruction_loss
+from models import CONV_BALANCES, Join, Pair, classification_stream, conv_net, mlp, reconstruction_loss, strided_frames
 from test_nonfinite import scaled_loss
 from test_nonfinite import stream as nonfinite_stream
 
@@ -176,6 +176,9 @@ def rank_main(scenario, out):
         seen["tuple"] = run("distributed", tuple_model(), TUPLE_BALANCES[depth], xs, loss_fn=reconstruction_loss,
                             optimizer=OPTIMIZERS["sgd"], grad_mode="weight-stash")
         seen["trace"] = trace("distributed", depth)
+        strided_xs, strided_ys = strided_frames(SAMPLES)
+        seen["strided"] = run("distributed", conv_net(), CONV_BALANCES[depth], strided_xs, strided_ys,
+                              **learning("stash"))
         seen["skip inference"] = skipping("distributed", depth)
         for grad_mode in LEARNING:
             seen[f"skip {grad_mode}"] = skipping("distributed", depth, grad_mode)
@@ -291,6 +294,12 @@ def test_optimizer_aware_compensation_matches_inline(ranks):
     depth, seen = ranks
     xs, ys = classification_stream(SAMPLES)
     assert_same(seen["optimizer-aware"], run("inline", mlp(), BALANCES[depth], xs, ys, **OPTIMIZER_AWARE))
+
+
+def test_strided_samples_give_the_bits_of_inline(ranks):
+    depth, seen = ranks
+    xs, ys = strided_frames(SAMPLES)
+    assert_same(seen["strided"], run("inline", conv_net(), CONV_BALANCES[depth], xs, ys, **learning("stash")))
 
 
 def test_tuple_activations_and_unsupervised_loss_match_inline(ranks):

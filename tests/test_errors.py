@@ -79,13 +79,13 @@ def test_a_sample_unlike_the_first(executor):
         pipe.step(torch.randn(2, 6))
         with pytest.raises(ValueError, match=r"sample 1 is \(2, 7\) float32, but the first one was \(2, 6\) float32"):
             pipe.step(torch.randn(2, 7))
-        with pytest.raises(ValueError, match=r"sample 1 is \(2, 6\) float64"):
+        with pytest.raises(ValueError, match=r"sample 2 is \(2, 6\) float64"):
             pipe.step(torch.randn(2, 6, dtype=torch.float64))
-        with pytest.raises(TypeError, match="sample 1 must be a tensor or a flat tuple of tensors, got list"):
+        with pytest.raises(TypeError, match="sample 3 must be a tensor or a flat tuple of tensors, got list"):
             pipe.step([[1.0] * 6])
-        # the pipeline is still usable after input that was refused
+        # the pipeline is still usable after input that was refused; a refused sample used up its index
         assert pipe.step(torch.randn(2, 6)).index == 0
-        assert [r.index for r in pipe.flush()] == [1]
+        assert [r.index for r in pipe.flush()] == [4]
     assert multiprocessing.active_children() == []
 
 
@@ -96,9 +96,9 @@ def test_targets_of_a_supervised_loss(executor):
         with pytest.raises(ValueError, match="loss_fn takes a target, but sample 0 came without one"):
             pipe.step(xs[0])
         pipe.step(xs[0], ys[0])
-        with pytest.raises(ValueError, match=r"target of sample 1 is \(3,\) int64, but the first one was \(2,\) int64"):
+        with pytest.raises(ValueError, match=r"target of sample 2 is \(3,\) int64, but the first one was \(2,\) int64"):
             pipe.step(xs[1], torch.zeros(3, dtype=torch.long))
-        with pytest.raises(ValueError, match="ys ended before xs: there is no target for sample 1"):
+        with pytest.raises(ValueError, match="ys ended before xs: there is no target for sample 3"):
             list(pipe.stream(xs[1:], ys[1:2][:0]))
 
 
@@ -151,7 +151,7 @@ def test_a_non_finite_input_is_refused_by_default_and_the_pipeline_goes_on(execu
                                              r"index \(0, 4\); pass nonfinite='skip'"):
             pipe.step(bad, ys[1])
         rest = [pipe.step(x, y) for x, y in zip(xs[1:], ys[1:])] + pipe.flush()
-    assert [r.index for r in rest if r is not None] == [0, 1, 2, 3]
+    assert [r.index for r in rest if r is not None] == [0, 2, 3, 4]  # the refused sample used up index 1
     with partime.Pipeline(nn.Sequential(nn.Identity()), 1, executor="inline") as pipe:
         with pytest.raises(ValueError, match=r"sample 0 is not finite: tensor 1 has 1 non-finite value, the first nan"):
             pipe.step((torch.ones(2), torch.tensor([1.0, float("nan")]), torch.ones(2, dtype=torch.long)))

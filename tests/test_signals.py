@@ -1,6 +1,7 @@
 """A signal to the caller (Ctrl-C, SIGTERM, SIGKILL) ends it promptly, with every worker and
 every shared-memory segment; SIGTERM is taken only while a process pipeline is open."""
 
+import glob
 import os
 import signal
 import subprocess
@@ -11,11 +12,10 @@ from pathlib import Path
 
 import psutil
 import pytest
+from faulty import shm_names, tagged_stream, tripping_model
 
 import partime
 from partime.signals import EXIT_STATUS
-
-from faulty import shm_names, still_there, tagged_stream, tripping_model
 
 BOUND_S = 5.0
 
@@ -42,7 +42,11 @@ def _default_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL], ids=lambda s: s.name)
+GROUP = "SIGKILL-to-the-process-group"  # as `timeout -s KILL` or a job scheduler does
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL, GROUP],
+                         ids=lambda s: s if isinstance(s, str) else s.name)
 def test_a_signal_to_the_caller_ends_it_with_its_workers_and_shared_memory(signum, tmp_path):
     script = tmp_path / "stream_forever.py"
     script.write_text(textwrap.dedent(SCRIPT))
@@ -51,14 +55,18 @@ def test_a_signal_to_the_caller_ends_it_with_its_workers_and_shared_memory(signu
     # as from a terminal: a job that a shell started in the background (`make test &`) has SIGINT
     # ignored, and its children inherit that, so Ctrl-C's default is given back to the caller
     main = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env=env, text=True, preexec_fn=_default_sigint)
+                            env=env, text=True, preexec_fn=_default_sigint, start_new_session=signum == GROUP)
     try:
         assert main.stdout.readline() == "running\n", main.stderr.read()
         family = psutil.Process(main.pid).children(recursive=True)
         assert len([p for p in family if "partime" in " ".join(p.cmdline()) or p.name() == "python"]) >= 2
         names = set().union(*(shm_names(p.pid) for p in [psutil.Process(main.pid), *family]))
-        assert any("sem." in name for name in names)  # the run holds named semaphores in /dev/shm
-        main.send_signal(signum)
+        # while it runs, nothing of it has a name in /dev/shm: not its memory, not its semaphores
+        assert names == set() and glob.glob(f"/dev/shm/sem.partime-{main.pid}-*") == []
+        if signum == GROUP:
+            os.killpg(main.pid, signal.SIGKILL)
+        else:
+            main.send_signal(signum)
         sent = time.monotonic()
         main.wait(timeout=30)
         elapsed = time.monotonic() - sent
@@ -70,14 +78,14 @@ def test_a_signal_to_the_caller_ends_it_with_its_workers_and_shared_memory(signu
         main.wait()
     stderr = main.stderr.read()
     assert elapsed < BOUND_S and left < BOUND_S and alive == [], (elapsed, left, alive)
-    assert still_there(names) == set()
+    assert glob.glob(f"/dev/shm/sem.partime-{main.pid}-*") == []
     if signum == signal.SIGTERM:
         assert main.returncode == EXIT_STATUS, stderr  # closed as for an error, then exited
     elif signum == signal.SIGINT:
         assert "KeyboardInterrupt" in stderr
     else:
         assert main.returncode == -signal.SIGKILL
-    if signum != signal.SIGKILL:
+    if signum not in (signal.SIGKILL, GROUP):
         assert "leaked" not in stderr, stderr  # the caller released everything itself
 
 

@@ -5,9 +5,10 @@ for inference and for online learning; see SPEC.md for what is computed at every
 """
 
 from .checkpoint import CheckpointError
-from .errors import PipelineClosedError, StageError, WorkerDiedError
+from .errors import PipelineClosedError, StageError, StageTimeoutError, WorkerDiedError
 from .executors import Result
 from .pipeline import Pipeline
 
-__all__ = ["CheckpointError", "Pipeline", "PipelineClosedError", "Result", "StageError", "WorkerDiedError"]
+__all__ = ["CheckpointError", "Pipeline", "PipelineClosedError", "Result", "StageError", "StageTimeoutError",
+           "WorkerDiedError"]
 __version__ = "0.1.0"

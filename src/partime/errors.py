@@ -39,3 +39,12 @@ class WorkerDiedError(StageError):
     the gradient it was to apply, as the caller's count of offered and finished ticks says);
     the sample is None, and the phase ``waiting`` or ``start``, when that tick had no work.
     """
+
+
+class StageTimeoutError(StageError):
+    """The caller waited longer than the pipeline's ``timeout`` for a stage.
+
+    ``stage`` is the stage that was behind (the one with the fewest finished ticks, where the
+    executor can tell), ``sample`` and ``phase`` what it had not finished; the message says what
+    the caller waited for, and for how long.
+    """

@@ -16,9 +16,9 @@ in a shared int64 tensor, a float64 scalar, and the tensors copied into prealloc
 The shared tensors come from ``Tensor.share_memory_()``; handed to a process started by the
 ``spawn`` context of ``torch.multiprocessing`` (as a ``Process`` argument) they travel as file
 descriptors of already unlinked memory, so nothing is left in ``/dev/shm`` once both sides exit.
-The two semaphores are named POSIX semaphores (multiprocessing's own): they are unlinked when
-the channel is garbage-collected in the process that made it, or by multiprocessing's resource
-tracker if that process dies first.
+The two semaphores come from ``ctx.Semaphore``: the process executor gives it
+``semaphore.SharedSemaphore``, whose names it unlinks (``unlink``) as soon as both sides hold the
+channel, so that nothing of a channel stays in ``/dev/shm`` whatever happens to the processes.
 
 A wait spins briefly (a hop between busy stages costs microseconds) and then blocks in bounded
 steps, asking an abort check after each one, so an idle process costs no core and a dead peer or an
@@ -31,8 +31,9 @@ import logging
 import math
 import os
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 import torch.multiprocessing as mp
@@ -67,6 +68,31 @@ waiting process takes to notice an abort or a dead peer."""
 
 class Aborted(Exception):
     """Raised from a wait when the abort check says the run is over."""
+
+
+class Flag:
+    """A flag in shared memory, for processes started by ``spawn``: one sets it, the others read it
+    (as "stop" is read in an abort check). It holds no semaphore and leaves nothing in ``/dev/shm``."""
+
+    def __init__(self) -> None:
+        self._cell = torch.zeros(1, dtype=torch.uint8).share_memory_()
+        self._bind()
+
+    def _bind(self) -> None:
+        self._view = memoryview(self._cell.numpy())
+
+    def set(self) -> None:
+        self._view[0] = 1
+
+    def is_set(self) -> bool:
+        return self._view[0] == 1
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"_cell": self._cell}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self._cell = state["_cell"]
+        self._bind()
 
 
 @dataclass(slots=True)
@@ -161,6 +187,12 @@ class Channel:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._bind()
+
+    def unlink(self) -> None:
+        """Remove the names of the channel's semaphores, where they have one to remove
+        (``semaphore.SharedSemaphore``): once both processes hold the channel."""
+        for sem in (self._free, self._filled):
+            getattr(sem, "unlink", lambda: None)()
 
     def _layout(self) -> str:
         return "(" + ", ".join(str(s) for s in self.specs) + ")"

@@ -155,7 +155,8 @@ class Feeder:
 
     It counts the samples fed in the current segment (``fed``) and remembers the targets fed that
     the last stage has not used yet (the ``"targets"`` of a checkpoint's transit): the last stage
-    takes sample s's target in the tick where sample s + depth - 1 is fed.
+    takes sample s's target in the tick that sends out sample s's result, so a target is used once
+    its result has come out (``used``).
     """
 
     def __init__(self, inputs: Any, targets: Any | None, depth: int):
@@ -179,9 +180,12 @@ class Feeder:
             self.inputs.put(KIND_DATA, index, as_tensors(x, "sample"), check=check)
             if self.targets is not None:
                 self.target(index, as_tensors(y, "target"), check)
-        while self._unused and self._unused[0]["sample"] <= index - (self.depth - 1):
-            self._unused.popleft()  # taken by the last stage in this sample's tick
         self.fed += 1
+
+    def used(self, index: int) -> None:
+        """The result of sample ``index`` has come out: its target, and those before, are used."""
+        while self._unused and self._unused[0]["sample"] <= index:
+            self._unused.popleft()
 
     def target(self, index: int, tensors: tuple[Tensor, ...], check: Callable[[], None]) -> None:
         """Send sample ``index``'s target (also: a checkpoint's targets in transit, when resuming)."""

@@ -7,7 +7,7 @@ executor (CUDA streams, torch.distributed ranks) is one new module beside the ot
 
 The life of an executor::
 
-    ex = SomeExecutor(stages, devices, config, threads)
+    ex = SomeExecutor(stages, devices, config, threads, timeout)
     ex.start(layout)          # once, when the first sample has fixed every boundary's layout
     ex.feed(index, x, y)      # offer one sample: the next tick of the current segment
     ex.next_result()          # the next result in sample order (blocks until it is out)
@@ -31,8 +31,10 @@ and its neighbour takes at the next.
 
 from __future__ import annotations
 
+import time
 import traceback as tb
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,7 +43,6 @@ from torch import Tensor, nn
 from ..errors import StageError
 from ..stage import StageConfig
 from ..values import ValueSpec
-
 
 LOOKAHEAD = 1
 """How many ticks ``Pipeline.stream`` offers beyond the result it hands out next: the stages then
@@ -54,13 +55,15 @@ class Result:
 
     ``skipped`` under ``nonfinite="skip"``: the sample did not take part in learning. Its input
     was not finite (then ``output`` and ``loss`` are None: it never went forward), or its loss
-    was not finite (then both are there, and no gradient was applied for it).
+    was not finite (then both are there, and no gradient was applied for it). ``target`` is the
+    sample's target (a copy) when one was given, so that a result can be scored on its own.
     """
 
     index: int
     output: Tensor | tuple[Tensor, ...] | None
     loss: float | None = None
     skipped: bool = False
+    target: Tensor | tuple[Tensor, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -83,11 +86,16 @@ class Executor(ABC):
     checkpoints: bool = False
     """Whether this executor has ``state_dict`` and takes a state in ``start``."""
 
-    def __init__(self, stages: list[nn.Module], devices: list[str], config: StageConfig, threads: int | None):
+    has_workers: bool = False
+    """Whether it runs the stages in workers of its own (processes, threads), which ``close`` stops."""
+
+    def __init__(self, stages: list[nn.Module], devices: list[str], config: StageConfig, threads: int | None,
+                 timeout: float | None = None):
         self.stages = stages
         self.devices = devices
         self.config = config
         self.threads = threads
+        self.timeout = timeout  # the longest the caller waits for a stage, in seconds (None: no limit)
         self.depth = len(stages)
 
     @abstractmethod
@@ -121,6 +129,22 @@ class Executor(ABC):
     @abstractmethod
     def close(self) -> None:
         """Stop and release everything; idempotent, and safe after a failure."""
+
+
+def with_deadline(check: Callable[[], None], timeout: float | None,
+                  expired: Callable[[], BaseException]) -> Callable[[], None]:
+    """``check`` for one wait of the caller that raises ``expired()`` once the wait has lasted
+    ``timeout`` seconds (``check`` itself when there is no timeout)."""
+    if timeout is None:
+        return check
+    deadline = time.monotonic() + timeout
+
+    def checked() -> None:
+        check()
+        if time.monotonic() > deadline:
+            raise expired()
+
+    return checked
 
 
 def stage_error(stage: int, sample: int | None, phase: str, exc: BaseException) -> StageError:

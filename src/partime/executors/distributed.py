@@ -48,7 +48,7 @@ from __future__ import annotations
 import logging
 import pickle
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from types import SimpleNamespace
 from typing import Any
@@ -58,7 +58,7 @@ from torch import nn
 
 from .. import schedule
 from ..checkpoint import from_bytes, to_bytes
-from ..errors import PipelineClosedError
+from ..errors import PipelineClosedError, StageTimeoutError
 from ..partition import check_balance, split
 from ..stage import Stage, StageConfig
 from ..transport import KIND_DATA, POLL_S, Aborted, Channel, Message, wait
@@ -76,7 +76,7 @@ from ..worker import (
     stage_answer,
     stage_resume,
 )
-from .base import LOOKAHEAD, Executor, Layout, Result
+from .base import LOOKAHEAD, Executor, Layout, Result, with_deadline
 from .link import (
     KIND_CHECKPOINT,
     KIND_CLOSE,
@@ -149,6 +149,7 @@ class DistributedExecutor(Executor):
 
     rank = staticmethod(join_group)
     checkpoints = True
+    has_workers = True
 
     def start(self, layout: Layout, state: dict[str, Any] | None = None) -> None:
         depth, config = self.depth, self.config
@@ -161,7 +162,7 @@ class DistributedExecutor(Executor):
         for r in range(1, depth if state is not None else 1):
             run.store.set(run.prefix + f"resume {r}", to_bytes(stage_resume(state, r)))
         run.store.set(run.prefix + "plan", pickle.dumps(plan))
-        run.wait_store("ready", run.health.check, least=depth - 1)  # every rank took the plan
+        run.wait_store("ready", self._waiting("every rank to take the plan"), least=depth - 1)
         run.connect(_wires(plan, depth))
         for r in range(1, depth):  # every rank starts with rank 0's weights
             run.link(f"control 0->{r}").put(KIND_STATE, 0, list(self.stages[r].state_dict().values()),
@@ -188,7 +189,7 @@ class DistributedExecutor(Executor):
                                         daemon=True)
         self._thread.start()
         if state is not None:
-            self._feeder.resume(state["transit"], run.health.check)
+            self._feeder.resume(state["transit"], self._waiting("the last stage to take the targets in transit"))
 
     def _stage_zero(self, first: Links, tick: int, links: Links) -> None:
         health, where, stage = self._run.health, Where(), self._stage
@@ -204,11 +205,11 @@ class DistributedExecutor(Executor):
 
     def feed(self, index: int, x: Any, y: Any) -> None:
         """Offer sample ``index``; ``x`` None is a skipped sample: a hole, sent without a target."""
-        self._feeder.feed(index, x, y, self._run.health.check)
+        self._feeder.feed(index, x, y, self._waiting(f"stage 0 to take sample {index}", 0))
         self._offer(1)
 
     def end(self) -> None:
-        samples = self._feeder.end(self._run.health.check)
+        samples = self._feeder.end(self._waiting("stage 0 to take the end of the segment", 0))
         self._offer(schedule.segment_ticks(samples, self.depth, self.config.learning) - samples)
 
     def _offer(self, ticks: int) -> None:
@@ -221,11 +222,14 @@ class DistributedExecutor(Executor):
             self._run.link(f"control 0->{r}").put(KIND_PERMIT, self._offered, check=self._run.health.check)
 
     def next_result(self) -> Result:
-        return result_of(self._results.get(check=self._run.health.check), self._layout.output, self.config.learning)
+        waiting = self._waiting("the next result", self.depth - 1)
+        result = result_of(self._results.get(check=waiting), self._layout.output, self.config.learning)
+        self._feeder.used(result.index)
+        return result
 
     def sync(self) -> None:
         """Wait until every stage has run every tick offered, and fetch the weights of ranks > 0."""
-        run, check = self._run, self._run.health.check
+        run, check = self._run, self._waiting(f"every stage to finish tick {self._offered - 1}")
         if self._synced == self._offered:
             return
         for r in range(1, self.depth):
@@ -243,7 +247,7 @@ class DistributedExecutor(Executor):
         """Every stage's state and the values in transit, gathered on rank 0 between two ticks: each
         rank puts its part (``worker.stage_answer``, by ``torch.save``) in the store."""
         self.sync()
-        run, check = self._run, self._run.health.check
+        run, check = self._run, self._waiting("every stage's part of the checkpoint")
         for r in range(1, self.depth):
             run.link(f"control 0->{r}").put(KIND_CHECKPOINT, self._offered, scalar=self._feeder.fed, check=check)
         answers = [stage_answer(self._stage, self._sent)]  # stage 0 waits for the next tick: read it here
@@ -253,6 +257,21 @@ class DistributedExecutor(Executor):
             answer = run.store.get(run.prefix + f"checkpoint {r}")
             answers.append(from_bytes(answer))
         return executor_state(answers, self._feeder.fed, self._feeder.in_transit())
+
+    def _waiting(self, what: str, stage: int | None = None) -> Callable[[], None]:
+        """The check for one wait of rank 0's caller: the run's failure, and a ``StageTimeoutError``
+        naming ``stage`` (or, without one, the stage furthest behind that rank 0 can tell: stage 0
+        if it has not finished the ticks offered, else the last) once it has lasted ``timeout``."""
+        def expired() -> StageTimeoutError:
+            behind = stage
+            if behind is None:
+                behind = 0 if self._seen < self._offered else self.depth - 1
+            return StageTimeoutError(behind, None, "waiting",
+                                     f"rank 0's caller waited {self.timeout:g} s for {what} (rank {behind}); is that "
+                                     f"rank's process stopped, or does its stage block? Pass a larger timeout= if a "
+                                     f"tick may take that long")
+
+        return with_deadline(self._run.health.check, self.timeout, expired)
 
     def close(self) -> None:
         run, self._run = getattr(self, "_run", None), None

@@ -5,6 +5,10 @@ a tick (activations forward, gradients back) delivered at the next tick. It is t
 every other executor is tested against, and a way to simulate the learning of a D-stage
 pipeline on one core.
 
+Every value handed from one stage to another, and every sample and target fed, is taken as a
+contiguous tensor of its own (a copy of what the caller fed, which may reuse its buffers), as the
+executors that send values between processes take it: so they compute the same to the bit.
+
 A sample skipped under ``nonfinite="skip"`` is fed as ``x = None``: a hole that moves through the
 stages like a warm-up tick (nothing is computed on it) and comes out as a result with no output.
 A skipped sample (a hole, or a non-finite loss) sends back the gradient ``None``: each stage that
@@ -16,6 +20,9 @@ from __future__ import annotations
 import math
 from collections import deque
 from typing import Any
+
+import torch
+from torch import Tensor
 
 from .. import schedule
 from ..checkpoint import message
@@ -30,7 +37,12 @@ class InlineExecutor(Executor):
     checkpoints = True
 
     def start(self, layout: Layout, state: dict[str, Any] | None = None) -> None:
-        self._stages = [Stage(i, m, self.config, d) for i, (m, d) in enumerate(zip(self.stages, self.devices))]
+        self._stages = []
+        for i, (module, device) in enumerate(zip(self.stages, self.devices)):
+            try:
+                self._stages.append(Stage(i, module, self.config, device))
+            except Exception as exc:  # as a worker reports it
+                raise stage_error(i, None, "start", exc) from exc
         self._results: deque[Result] = deque()
         self._begin_segment()
         if state is not None:
@@ -74,8 +86,8 @@ class InlineExecutor(Executor):
 
     def feed(self, index: int, x: Any, y: Any) -> None:
         """Offer sample ``index`` (``x`` None: a skipped sample, a hole) and run one tick."""
-        self._acts[0] = (index, x)
-        self._targets[index] = y
+        self._acts[0] = (index, _own(x))
+        self._targets[index] = _own(y)
         self._fed += 1
         self._run_tick(None)
 
@@ -115,7 +127,7 @@ class InlineExecutor(Executor):
                     try:
                         out = stage.forward(index, value)
                         if i < depth - 1:
-                            acts[i + 1] = (index, out)
+                            acts[i + 1] = (index, _contiguous(out))
                         elif not self.config.learning:
                             self._results.append(Result(index, out))
                         else:
@@ -123,7 +135,7 @@ class InlineExecutor(Executor):
                             skipped = not math.isfinite(loss)  # a non-finite loss was skipped
                             self._results.append(Result(index, out, loss, skipped=skipped))
                             if i > 0:
-                                grads[i - 1] = (index, None if skipped else grad)
+                                grads[i - 1] = (index, None if skipped else _contiguous(grad))
                     except Exception as exc:
                         raise stage_error(i, index, stage.phase, exc) from exc
             if self.config.learning and i < depth - 1:
@@ -137,6 +149,26 @@ class InlineExecutor(Executor):
                         except Exception as exc:
                             raise stage_error(i, index, stage.phase, exc) from exc
                     if i > 0:
-                        grads[i - 1] = (index, grad)
+                        grads[i - 1] = (index, _contiguous(grad))
         self._acts, self._grads = acts, grads
         self._tick += 1
+
+
+def _own(value: Any) -> Any:
+    """A contiguous copy of a value fed by the caller (None stays None)."""
+    if value is None:
+        return None
+    copies = tuple(t.detach().clone(memory_format=torch.contiguous_format) for t in as_tensors(value, "value"))
+    return _rebuild_like(value, copies)
+
+
+def _contiguous(value: Any) -> Any:
+    """``value`` with every tensor contiguous (copied only where it is not)."""
+    if value is None:
+        return None
+    return _rebuild_like(value, tuple(t.contiguous() for t in as_tensors(value, "value")))
+
+
+def _rebuild_like(value: Any, tensors: tuple[Tensor, ...]) -> Any:
+    """``tensors`` in the form of ``value``: a bare tensor, or a tuple."""
+    return tensors[0] if isinstance(value, Tensor) else tensors

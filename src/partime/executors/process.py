@@ -13,40 +13,60 @@ and counts its finished ticks on another, which is how ``sync`` knows that every
 between the same two ticks.
 
 The stages' parameters live in shared memory, so the caller reads the trained weights in place;
-optimizer states stay in the workers. A failure in a worker travels back as data (stage, sample,
-phase, traceback) on an error queue; the worker then sets the stop event, every other worker
-leaves at its next wait, and the caller raises the error as a ``StageError``. A worker that
-ends without a word (killed from outside) is noticed by the caller at its next wait (within
-``transport.POLL_S``) and raised as a ``WorkerDiedError`` naming the tick the stage had not
-finished and that tick's sample: the caller knows every tick it offered and counts each stage's
-finished ticks. A worker whose caller is gone leaves at its next wait too. ``close`` always
-stops and joins every worker.
+optimizer states stay in the workers. Each worker reports to the caller on a pipe of its own:
+that it is ready, a failure, or its part of a checkpoint. The module travels by cloudpickle (so
+classes defined in ``__main__`` and layers holding lambdas go too) and is unpickled by the worker
+itself, so a model that cannot be rebuilt there is reported with its traceback like any failure.
+
+``start`` returns once every worker is ready; then the names of every semaphore are unlinked
+(``semaphore.SharedSemaphore``), so nothing is left in ``/dev/shm`` whatever happens to the
+processes later, even a SIGKILL of the whole process group.
+
+A failure in a worker travels back as data (stage, sample, phase, traceback); the worker then
+sets the stop flag, every other worker leaves at its next wait, and the caller raises the error
+as a ``StageError``. A worker that ends without a word (killed from outside) is noticed by the
+caller at its next wait (within ``transport.POLL_S``) and raised as a ``WorkerDiedError`` naming
+the tick the stage had not finished and that tick's sample: the caller knows every tick it
+offered and counts each stage's finished ticks. With a ``timeout``, a caller that waits longer
+than that for any stage raises a ``StageTimeoutError`` naming the stage that is behind, and
+``close`` kills that stage's process at once (a stopped or stuck process does not leave by
+itself). A worker whose caller is gone leaves at its next wait too. ``close`` always stops and
+joins every worker.
 
 For a checkpoint the caller asks every worker, between two ticks, for its state (an "ask"
-semaphore, read in the worker's abort check while it waits for the next tick); each answers on a
-pipe with its ``Stage.state_dict()`` and what it sent during the last tick. Resumed workers load
-their state before their first tick.
+semaphore, read in the worker's abort check while it waits for the next tick); each answers on
+its pipe with its ``Stage.state_dict()`` and what it sent during the last tick. Resumed workers
+load their state before their first tick.
 """
 
 from __future__ import annotations
 
+import io
 import logging
+import multiprocessing.process
 import os
+import pickle
 import signal
 import sys
+import time
+import weakref
+from collections import ChainMap, deque
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from multiprocessing.reduction import ForkingPickler
+from types import SimpleNamespace
+from typing import Any, ClassVar
 
 import cloudpickle
 import torch
 import torch.multiprocessing as mp
-from torch import nn
 
 from .. import schedule
 from ..checkpoint import from_bytes, to_bytes
-from ..errors import StageError, WorkerDiedError
+from ..errors import StageError, StageTimeoutError, WorkerDiedError
+from ..semaphore import SharedSemaphore
 from ..stage import Stage, StageConfig
-from ..transport import POLL_S, Aborted, Channel, wait
+from ..transport import POLL_S, Aborted, Channel, Flag, wait
 from ..worker import (
     Feeder,
     Links,
@@ -59,7 +79,7 @@ from ..worker import (
     stage_answer,
     stage_resume,
 )
-from .base import LOOKAHEAD, Executor, Layout, Result
+from .base import LOOKAHEAD, Executor, Layout, Result, with_deadline
 
 log = logging.getLogger(__name__)
 
@@ -67,22 +87,64 @@ CAPACITY = 2
 """Slots per channel between stages: one being read while the next is written."""
 
 JOIN_S = 5.0
-"""How long ``close`` waits for a worker to leave before it terminates it."""
+"""How long ``close`` waits for a worker to leave before it kills it."""
+
+START_S = 60.0
+"""The least time the caller gives the workers to start (a fresh interpreter imports torch and
+rebuilds its stage), whatever the pipeline's ``timeout``."""
+
+_SHARED = SimpleNamespace(Semaphore=SharedSemaphore)  # what the channels make their semaphores with
+
+# What a worker reports on its pipe: (kind, payload).
+_READY = "ready"  # None: the stage is built (and resumed), its first tick may come
+_FAILED = "failed"  # the arguments of a StageError
+_STATE = "state"  # its part of a checkpoint, as bytes of torch.save
+
+
+class _SharingPickler(cloudpickle.Pickler):
+    """cloudpickle, with torch's reductions for multiprocessing: tensors in shared memory travel
+    as file descriptors (so the caller keeps reading the stages' weights in place)."""
+
+    dispatch_table: ClassVar[ChainMap[Any, Any]] = ChainMap(ForkingPickler._extra_reducers,  # type: ignore[attr-defined]
+                                                           cloudpickle.Pickler.dispatch_table)
+
+
+class _ByValue:
+    """An object that crosses into a spawned process as bytes and is rebuilt only by ``load()``, in
+    the worker's own code: a failure to rebuild it (a class that cannot be imported there) is then
+    reported like any failure of the stage, not a crash of the process's start-up."""
+
+    def __init__(self, value: Any):
+        self._value = value
+        self._data: bytes | None = None
+
+    def __reduce__(self) -> tuple[Any, ...]:  # while the process starts: the descriptors go with it
+        buffer = io.BytesIO()
+        _SharingPickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(self._value)
+        return _from_bytes, (buffer.getvalue(),)
+
+    def load(self) -> Any:
+        return self._value if self._data is None else pickle.loads(self._data)
+
+
+def _from_bytes(data: bytes) -> _ByValue:
+    packed = _ByValue(None)
+    packed._data = data
+    return packed
 
 
 @dataclass
 class _Worker:
     """Everything one worker process is started with."""
 
-    module: nn.Module
+    module: _ByValue  # the stage's module, its parameters in shared memory
     config: bytes  # the StageConfig, by cloudpickle: loss functions and factories may be lambdas
     threads: int
     links: Links
-    stop: Any  # an event: every worker leaves at its next wait
-    errors: Any  # a queue of failures, as dicts
+    stop: Flag  # every worker leaves at its next wait
     parent: int  # the caller's pid: a worker whose caller is gone leaves
     asks: Any  # a semaphore the caller releases to ask for this stage's state, between two ticks
-    answers: Any  # the sending end of a pipe: the state, as bytes of torch.save
+    reports: Any  # the sending end of this worker's pipe to the caller: (kind, payload)
     resume: bytes | None = None  # torch.save of {"stage", "tick", "activation", "gradient"}
 
 
@@ -90,40 +152,42 @@ class ProcessExecutor(Executor):
     """Runs each stage in its own process; see the module docstring."""
 
     checkpoints = True
+    has_workers = True
 
     def start(self, layout: Layout, state: dict[str, Any] | None = None) -> None:
         ctx = mp.get_context("spawn")
         depth, learning = self.depth, self.config.learning
         self._layout = layout
-        self._stop = ctx.Event()
-        self._errors = ctx.SimpleQueue()
-        self._permits = [ctx.Semaphore(0) for _ in range(depth)]
-        self._ticks = [ctx.Semaphore(0) for _ in range(depth)]
+        self._stop = Flag()
+        self._permits = [SharedSemaphore(0) for _ in range(depth)]
+        self._ticks = [SharedSemaphore(0) for _ in range(depth)]
         self._seen = [0] * depth  # ticks of each worker counted by sync
         self._offered = 0  # ticks offered to the stages, over all segments
-        self._asks = [ctx.Semaphore(0) for _ in range(depth)]
+        self._asks = [SharedSemaphore(0) for _ in range(depth)]
         pipes = [ctx.Pipe(duplex=False) for _ in range(depth)]
-        self._answers = [receiver for receiver, _ in pipes]
+        self._reports = [receiver for receiver, _ in pipes]
+        self._ready = [False] * depth
+        self._states: list[bytes | None] = [None] * depth
+        self._stuck: set[int] = set()  # stages found behind by a timeout: killed at once by close
         transit = state["transit"] if state is not None else None
         # The current segment: [first tick, first sample index, samples (None until it ends)]. Every
         # stage has finished the ticks of the segments before (flush syncs), so it is the only one.
         self._segment: list[Any] | None = None
+        self._fed_at: deque[tuple[int, int]] = deque(maxlen=2 * depth + 8)  # (tick, sample) of the newest samples
         # The caller's own channels do not spin: on a machine with one core per stage, a caller
         # spinning for its result would take a core from a stage.
-        acts = [Channel(ctx, layout.input.tensors, CAPACITY, name="input", spin_s=0)]
-        acts += [Channel(ctx, spec.tensors, CAPACITY, name=f"activation {i}->{i + 1}")
+        acts = [Channel(_SHARED, layout.input.tensors, CAPACITY, name="input", spin_s=0)]
+        acts += [Channel(_SHARED, spec.tensors, CAPACITY, name=f"activation {i}->{i + 1}")
                  for i, spec in enumerate(layout.activations)]
-        grads = [Channel(ctx, spec.tensors, CAPACITY, name=f"gradient {i + 1}->{i}")
+        grads = [Channel(_SHARED, spec.tensors, CAPACITY, name=f"gradient {i + 1}->{i}")
                  for i, spec in enumerate(layout.activations)] if learning else []
         self._targets = None
         if layout.target is not None:
             # the caller is ahead of the last stage by up to D ticks (and the lookahead) of targets
-            self._targets = Channel(ctx, layout.target.tensors, depth + 1 + LOOKAHEAD, name="target", spin_s=0)
-        self._results = Channel(ctx, layout.output.tensors, CAPACITY, name="result", spin_s=0)
+            self._targets = Channel(_SHARED, layout.target.tensors, depth + 1 + LOOKAHEAD, name="target", spin_s=0)
+        self._results = Channel(_SHARED, layout.output.tensors, CAPACITY, name="result", spin_s=0)
         self._inputs = acts[0]
         self._feeder = Feeder(self._inputs, self._targets, depth)
-        # Held for the executor's life: a semaphore the caller lets go of is unlinked, and a worker
-        # that opens it later (the spawn start method rebuilds them in the child) fails.
         self._channels = [*acts, *grads, self._results] + ([self._targets] if self._targets else [])
         config = cloudpickle.dumps(self.config)
         self._procs: list[Any] = []
@@ -138,18 +202,31 @@ class ProcessExecutor(Executor):
                 permits=self._permits[i], ticks=self._ticks[i],
             )
             resume = None if state is None else to_bytes(stage_resume(state, i))
-            worker = _Worker(module, config, self.threads, links, self._stop, self._errors, os.getpid(),
+            worker = _Worker(_ByValue(module), config, self.threads, links, self._stop, os.getpid(),
                              self._asks[i], pipes[i][1], resume)
             proc = ctx.Process(target=_work, args=(worker,), name=f"partime-stage-{i}", daemon=True)
             self._procs.append(proc)
         try:
             for proc in self._procs:
                 proc.start()
+            for _, sender in pipes:
+                sender.close()  # the workers hold their ends: a dead worker's pipe then reads as ended
+            patience = None if self.timeout is None else max(self.timeout, START_S)
+            check = with_deadline(self._check, patience, lambda: self._timed_out("every stage to start", None, patience))
+            while not all(self._ready):
+                self._reports[self._ready.index(False)].poll(POLL_S)
+                check()
         except BaseException:
             self.close()
             raise
+        # Every worker holds every semaphore it needs: their names can go (see the module docstring).
+        for sem in [*self._permits, *self._ticks, *self._asks]:
+            sem.unlink()
+        for channel in self._channels:
+            channel.unlink()
+        _RUNNING.add(self)
         log.debug("started %d stage processes: %s", depth, [p.pid for p in self._procs])
-        self._feeder.resume(transit, self._check)
+        self._feeder.resume(transit, self._waiting("the last stage to take the targets in transit"))
 
     def feed(self, index: int, x: Any, y: Any) -> None:
         """Offer sample ``index``; ``x`` None is a skipped sample: a hole, sent without a target."""
@@ -157,11 +234,12 @@ class ProcessExecutor(Executor):
             # a new segment begins with this sample (or, resumed from a checkpoint, ``fed`` ticks ago)
             fed = self._feeder.fed
             self._segment = [self._offered - fed, index - fed, None]
-        self._feeder.feed(index, x, y, self._check)
+        self._feeder.feed(index, x, y, self._waiting(f"stage 0 to take sample {index}", 0))
+        self._fed_at.append((self._offered, index))
         self._offer(1)
 
     def end(self) -> None:
-        samples = self._feeder.end(self._check)
+        samples = self._feeder.end(self._waiting("stage 0 to take the end of the segment", 0))
         if self._segment is not None:
             self._segment[2] = samples
         self._offer(schedule.segment_ticks(samples, self.depth, self.config.learning) - samples)
@@ -170,11 +248,13 @@ class ProcessExecutor(Executor):
         self.sync()
         for asks in self._asks:
             asks.release()
-        answers = []
-        for pipe in self._answers:
-            while not pipe.poll(POLL_S):
-                self._check()
-            answers.append(from_bytes(pipe.recv_bytes()))
+        check = self._waiting("every stage's part of the checkpoint")
+        for i, pipe in enumerate(self._reports):
+            while self._states[i] is None:
+                pipe.poll(POLL_S)
+                check()
+        answers = [from_bytes(data) for data in self._states if data is not None]
+        self._states = [None] * self.depth
         return executor_state(answers, self._feeder.fed, self._feeder.in_transit())
 
     def _offer(self, ticks: int) -> None:
@@ -185,12 +265,16 @@ class ProcessExecutor(Executor):
         self._offered += ticks
 
     def next_result(self) -> Result:
-        return result_of(self._results.get(check=self._check), self._layout.output, self.config.learning)
+        waiting = self._waiting("the next result", self.depth - 1)
+        result = result_of(self._results.get(check=waiting), self._layout.output, self.config.learning)
+        self._feeder.used(result.index)
+        return result
 
     def sync(self) -> None:
+        check = self._waiting(f"every stage to finish tick {self._offered - 1}")
         for i, ticks in enumerate(self._ticks):
             while self._seen[i] < self._offered:
-                wait(ticks, self._check)
+                wait(ticks, check)
                 self._seen[i] += 1
 
     def close(self) -> None:
@@ -198,28 +282,78 @@ class ProcessExecutor(Executor):
         if not procs:
             return
         self._stop.set()
-        for proc in procs:
+        deadline = time.monotonic() + JOIN_S
+        for i, proc in enumerate(procs):
             if proc.pid is None:
                 continue
-            proc.join(JOIN_S)
+            if i in self._stuck or not self._ready[i]:  # stopped, stuck, or not started: it would not leave now
+                proc.kill()
+            proc.join(max(0.0, deadline - time.monotonic()))
             if proc.is_alive():
-                log.warning("stage process %s did not stop within %.0f s; terminating it", proc.name, JOIN_S)
+                log.warning("stage process %s did not stop within %.0f s; killing it", proc.name, JOIN_S)
                 proc.kill()
                 proc.join()
-        self._errors.close()
-        # Let go of the channels and semaphores, so that their segments are unlinked now.
+        for pipe in self._reports:
+            pipe.close()
+        for proc in procs:
+            proc.close()
+        # Let go of the channels and semaphores (their names are gone already, unless start failed).
+        for sem in [*self._permits, *self._ticks, *self._asks]:
+            sem.unlink()
+        for channel in self._channels:
+            channel.unlink()
         self._channels = self._inputs = self._targets = self._results = self._feeder = None
-        self._permits = self._ticks = self._asks = self._answers = []
+        self._permits = self._ticks = self._asks = self._reports = []
+
+    def _waiting(self, what: str, stage: int | None = None) -> Callable[[], None]:
+        """The check for one wait of the caller, for ``what``: a worker's failure, and a
+        ``StageTimeoutError`` once the wait has lasted ``timeout`` (``stage``: the stage waited on)."""
+        return with_deadline(self._check, self.timeout, lambda: self._timed_out(what, stage))
 
     def _check(self) -> None:
         """Called while the caller waits: raise a worker's failure, if there is one."""
-        if not self._errors.empty():
-            raise StageError(**self._errors.get())
+        self._read_reports()
         for i, proc in enumerate(self._procs):
             if proc.exitcode is not None:
-                if not self._errors.empty():  # it reported its failure just before it left
-                    raise StageError(**self._errors.get())
+                self._read_reports()  # it reported its failure just before it left
                 raise self._died(i, proc)
+
+    def _read_reports(self) -> None:
+        """Take in what the workers have reported; raise the first failure."""
+        for i, pipe in enumerate(self._reports):
+            try:
+                while pipe.poll():
+                    kind, payload = pipe.recv()
+                    if kind == _FAILED:
+                        raise StageError(**payload)
+                    if kind == _READY:
+                        self._ready[i] = True
+                    else:
+                        self._states[i] = payload
+            except (EOFError, OSError):  # the worker is gone: its exit code says how
+                pass
+
+    def _timed_out(self, what: str, stage: int | None, waited: float | None = None) -> StageTimeoutError:
+        """The error for a wait that lasted ``timeout``: it names the stage with the fewest finished
+        ticks (the one holding the others up), or ``stage`` if every stage has finished its ticks."""
+        for i, ticks in enumerate(self._ticks):
+            while ticks.acquire(False):
+                self._seen[i] += 1
+        if not all(self._ready):
+            behind = self._ready.index(False)
+            sample, phase, doing = None, "start", "not ready: it has not built its stage yet"
+        else:
+            behind = min(range(self.depth), key=lambda i: self._seen[i])
+            if self._seen[behind] >= self._offered and stage is not None:
+                behind = stage
+            sample, phase, doing = self._work_at(behind, self._seen[behind])
+        self._stuck.add(behind)
+        proc = self._procs[behind]
+        return StageTimeoutError(behind, sample, phase,
+                                 f"the caller waited {waited or self.timeout:g} s for {what}; stage {behind} (pid {proc.pid}) "
+                                 f"has finished {self._seen[behind]} of the {self._offered} ticks offered, and is "
+                                 f"{doing}: is its process stopped, or does its forward block? Pass a larger "
+                                 f"timeout= if a tick may take that long", "")
 
     def _died(self, i: int, proc: Any) -> WorkerDiedError:
         """The error for stage ``i``, whose process ended without a word: at the tick it had not finished."""
@@ -241,14 +375,31 @@ class ProcessExecutor(Executor):
         backward = None
         if self.config.learning and i < self.depth - 1:
             backward = schedule.backward_sample(i, local, self.depth, n)
-        work = [f"the forward of sample {base + forward}"] if forward is not None else []
-        work += [f"the gradient of sample {base + backward}"] if backward is not None else []
+        def sample(position: int) -> int:  # indices may have gaps: a refused sample uses one up
+            return next((index for at, index in self._fed_at if at == start + position), base + position)
+
+        work = [f"the forward of sample {sample(forward)}"] if forward is not None else []
+        work += [f"the gradient of sample {sample(backward)}"] if backward is not None else []
         doing = f"in tick {tick}, before finishing " + (" and ".join(work) or "it (a tick with no work)")
         if forward is not None:
-            return base + forward, "forward", doing
+            return sample(forward), "forward", doing
         if backward is not None:
-            return base + backward, "backward", doing
+            return sample(backward), "backward", doing
         return None, "waiting", doing
+
+
+_RUNNING: weakref.WeakSet[ProcessExecutor] = weakref.WeakSet()  # executors with workers, in this process
+
+
+def _forget_workers() -> None:
+    """In a child made by ``os.fork()``: the workers are not its children, so multiprocessing's exit
+    handler there must not terminate them (it terminates every daemon child it knows of)."""
+    for executor in list(_RUNNING):
+        multiprocessing.process._children.difference_update(executor._procs)  # type: ignore[attr-defined]
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_workers)
 
 
 def _death(proc: Any) -> str:
@@ -277,28 +428,32 @@ def _work(w: _Worker) -> None:
             raise Aborted
         if w.asks.acquire(False):  # the caller asks for this stage's state: every stage is between two ticks
             phase, where.phase = where.phase, "checkpoint"
-            w.answers.send_bytes(to_bytes(stage_answer(stage, sent)))
+            w.reports.send((_STATE, to_bytes(stage_answer(stage, sent))))
             where.phase = phase
 
     code = 0
     try:
         config: StageConfig = cloudpickle.loads(w.config)
-        stage = Stage(w.links.index, w.module, config)
+        stage = Stage(w.links.index, w.module.load(), config)
         links, tick = w.links, 0
         if w.resume is not None:
             where.phase = "resume"
             links, tick = resume(stage, links, from_bytes(w.resume))
+        w.reports.send((_READY, None))
         run_segment(stage, links, check, where, tick=tick, sent=sent)
         while True:
             run_segment(stage, w.links, check, where, sent=sent)
     except Aborted:
         pass
     except BaseException as exc:  # noqa: BLE001 - every failure goes back to the caller as data
-        w.errors.put(where.report(w.links.index, exc))
+        try:
+            w.reports.send((_FAILED, where.report(w.links.index, exc)))
+        except OSError:  # the caller is gone
+            pass
         w.stop.set()
         code = 1
-    # Everything this process shares belongs to the caller, and the error (if any) is already in
-    # the queue's pipe: skip the interpreter's teardown, which takes about half a second with torch.
+    # Everything this process shares belongs to the caller, and the report (if any) is already in
+    # the pipe: skip the interpreter's teardown, which takes about half a second with torch.
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
