@@ -12,7 +12,8 @@ from torch import nn
 import partime
 from partime import partition
 from partime.delay_cut import delay_aware_split
-from partime.partition import Tie, best_split, check_balance, plan, split, tied_cuts
+from partime.partition import best_split, check_balance, plan, split
+from partime.ties import Tie, tied_cuts
 
 
 def _tied(n_between: int = 1) -> tuple[nn.Sequential, nn.Linear]:
