@@ -100,6 +100,17 @@ def takes_target(loss_fn: LossFn) -> bool | None:
     return sum(p.default is p.empty for p in positional) >= 2
 
 
+@dataclass(frozen=True)
+class Learnt:
+    """What the last stage's ``learn`` gives: the loss, the gradient w.r.t. the stage's input
+    (None at stage 0, and when skipped) and whether the sample was skipped (a non-finite loss
+    under ``nonfinite="skip"``: no gradient, no step)."""
+
+    loss: float
+    gradient: Any
+    skipped: bool = False
+
+
 @dataclass
 class _Forward:
     """What a stage keeps of one forward, for a later backward."""
@@ -181,11 +192,11 @@ class Stage:
             self._pending[sample] = record
         return value_of(tuple(t.detach() for t in record.outputs), self._out_is_tuple)
 
-    def learn(self, sample: int, target: Any = None) -> tuple[float, Any]:
+    def learn(self, sample: int, target: Any = None) -> Learnt:
         """Last stage: the loss of ``sample`` (just run forward), its backward and step.
 
-        Returns the loss and the gradient w.r.t. this stage's input (None at stage 0). A loss that
-        is not finite raises a FloatingPointError, or with ``nonfinite="skip"`` is returned with
+        Returns the loss and the gradient w.r.t. this stage's input (``Learnt``). A loss that is not
+        finite raises a FloatingPointError, or with ``nonfinite="skip"`` comes back skipped, with
         the gradient None: nothing is back-propagated and the optimizer does not step.
 
         When this stage has trainable parameters, a loss that does not require grad, or that has
@@ -214,9 +225,9 @@ class Stage:
         if not math.isfinite(value):
             if self.config.nonfinite == "skip":
                 self.drop(sample)
-                return value, None
+                return Learnt(value, None, skipped=True)
             raise FloatingPointError(f"the loss of sample {sample} is not finite: {value}")
-        return value, self._apply(sample, record, (loss,), None)
+        return Learnt(value, self._apply(sample, record, (loss,), None))
 
     def backward(self, sample: int, grad: Any) -> Any:
         """Apply the gradient of ``sample`` w.r.t. this stage's output, as the grad mode says.

@@ -2,11 +2,11 @@
 
 ``run_segment`` is the body of every executor whose stages run on their own (a process, a
 torch.distributed rank): a plain loop over the ticks of the schedule (``schedule.forward_sample``
-and ``backward_sample``) that blocks on the link each action reads from. A flush is an END
-message that travels down the activation links and tells each stage how many samples the
-segment has. A sample skipped under ``nonfinite="skip"`` travels as a SKIP message: forward as a
-hole on which nothing is computed, backward as the gradient that will not come, so that no stage
-steps for it.
+and ``backward_sample``) that runs each tick's two halves (``tick.forward_half`` and
+``backward_half``: what a stage does is written there, once) between blocking receives and sends
+on its links. A flush is an END message that travels down the activation links and tells each
+stage how many samples the segment has. A ``tick.Skip`` (a sample skipped under
+``nonfinite="skip"``) travels as a SKIP message.
 
 A link is anything with ``put(kind, index, tensors=(), scalar=0.0, *, check=None)`` and
 ``get(*, check=None) -> Message`` (``transport.Channel`` is one); ``check`` is called while a
@@ -23,18 +23,20 @@ resumed stage starts at the checkpoint's tick with those values waiting on its l
 
 from __future__ import annotations
 
-import math
 import traceback as tb
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any, Callable
+from typing import Any
 
 from torch import Tensor
 
 from . import schedule
+from . import tick as tick_rule
 from .checkpoint import message as transit_message
 from .executors.base import Layout, Result
 from .stage import Stage
+from .tick import backward_half, forward_half
 from .transport import KIND_DATA, KIND_END, KIND_SKIP, Message, wait
 from .values import ValueSpec, as_tensors, rebuild
 
@@ -247,7 +249,6 @@ def run_segment(stage: Stage, links: Links, check: Callable[[], None], where: Wh
 def _run_ticks(stage: Stage, links: Links, check: Callable[[], None], where: Where, tick: int, sent: Sent) -> None:
     i, depth, learning = links.index, stage.config.depth, stage.config.learning
     last = links.act_out is None
-    in_spec = links.layout.input if i == 0 else links.layout.activations[i - 1]
     n: int | None = None
     while True:
         if n is not None and tick > schedule.last_tick(i, n, depth, learning):
@@ -261,66 +262,66 @@ def _run_ticks(stage: Stage, links: Links, check: Callable[[], None], where: Whe
         message = None
         if schedule.forward_sample(i, tick, n) is not None:
             where.sample, where.phase = None, "receive"
-            message = links.act_in.get(check=check)
-            if message.kind == KIND_END:  # the segment has n samples: look at this tick again
-                n = message.index
+            received = links.act_in.get(check=check)
+            if received.kind == KIND_END:  # the segment has n samples: look at this tick again
+                n = received.index
                 if not last:
                     links.act_out.put(KIND_END, n, check=check)
                 continue
+            message = _message(received, links.layout.into(i))
         _start_tick(links, check)
         sent.activation = sent.gradient = None
-        out_link = links.results if last else links.act_out
-        if message is not None and message.kind == KIND_SKIP:  # a hole: nothing to compute
-            s = where.sample = message.index
-            out_link.put(KIND_SKIP, s, check=check)
-            if not last:
-                sent.activation = (s, None)
-            if last and links.grad_out is not None:
-                sent.gradient = _send(links.grad_out, s, None, check)
-        elif message is not None:
-            s = where.sample = message.index
-            where.phase = "forward"
-            out = stage.forward(s, rebuild(in_spec, message.tensors))
-            loss, kind = 0.0, KIND_DATA
-            if last and learning:
-                target = None
-                if links.targets is not None:
-                    target = rebuild(links.layout.target, links.targets.get(check=check).tensors)
-                where.phase = "loss"
-                loss, grad = stage.learn(s, target)
-                kind = KIND_DATA if math.isfinite(loss) else KIND_SKIP  # a non-finite loss was skipped
-                if links.grad_out is not None:
-                    sent.gradient = _send(links.grad_out, s, grad if kind == KIND_DATA else None, check)
-            tensors = as_tensors(out, "output")
-            if not last:
-                sent.activation = (s, tensors)
-            out_link.put(kind, s, tensors, loss, check=check)
+        if message is not None:
+            where.sample, where.phase = message.sample, "forward"
+            forwarded = forward_half(stage, message, last, lambda: _target(links, check))
+            if forwarded.gradient is not None:
+                sent.gradient = _put(links.grad_out, forwarded.gradient, check)
+            if forwarded.activation is not None:
+                sent.activation = _put(links.act_out, forwarded.activation, check)
+            if forwarded.result is not None:
+                _put_result(links.results, forwarded.result, check)
         if learning and not last and schedule.backward_sample(i, tick, depth, n) is not None:
             where.sample, where.phase = None, "receive"
-            message = links.grad_in.get(check=check)
-            s = where.sample = message.index
-            grad = None
-            if message.kind == KIND_SKIP:  # no gradient for this sample: no step
-                stage.drop(s)
-            else:
-                where.phase = "backward"
-                grad = stage.backward(s, rebuild(links.layout.activations[i], message.tensors))
-            if links.grad_out is not None:
-                sent.gradient = _send(links.grad_out, s, grad, check)
+            message = _message(links.grad_in.get(check=check), links.layout.activations[i])
+            where.sample, where.phase = message.sample, "backward"
+            back = backward_half(stage, message)
+            if back is not None:
+                sent.gradient = _put(links.grad_out, back, check)
         sent.note(tick)
         _end_tick(links)
         tick += 1
 
 
-def _send(link: Any, sample: int, value: Any, check: Callable[[], None]) -> tuple[int, tuple[Tensor, ...] | None]:
-    """Send ``sample``'s gradient on ``link``, or (None) the word that it will not come; what was
-    sent, as ``Sent`` notes it."""
-    if value is None:
-        link.put(KIND_SKIP, sample, check=check)
-        return sample, None
-    tensors = as_tensors(value, "gradient")
-    link.put(KIND_DATA, sample, tensors, check=check)
-    return sample, tensors
+def _message(received: Message, spec: ValueSpec) -> tick_rule.Message:
+    """The tick's message that a link's message of layout ``spec`` carries."""
+    if received.kind == KIND_SKIP:
+        return tick_rule.Skip(received.index)
+    return tick_rule.Data(received.index, rebuild(spec, received.tensors))
+
+
+def _target(links: Links, check: Callable[[], None]) -> Any:
+    """The last stage's next target (None for a loss that takes none)."""
+    if links.targets is None:
+        return None
+    return rebuild(links.layout.target, links.targets.get(check=check).tensors)
+
+
+def _put(link: Any, message: tick_rule.Message, check: Callable[[], None]) -> tuple[int, tuple[Tensor, ...] | None]:
+    """Send ``message`` on ``link``; what was sent, as ``Sent`` notes it."""
+    if isinstance(message, tick_rule.Skip):
+        link.put(KIND_SKIP, message.sample, check=check)
+        return message.sample, None
+    tensors = as_tensors(message.value, "value")
+    link.put(KIND_DATA, message.sample, tensors, check=check)
+    return message.sample, tensors
+
+
+def _put_result(link: Any, result: Result, check: Callable[[], None]) -> None:
+    """Send the last stage's ``result`` to the caller (``result_of`` reads it): a skipped result
+    as a SKIP, with its output and loss if it has them."""
+    tensors = () if result.output is None else as_tensors(result.output, "output")
+    kind = KIND_SKIP if result.skipped else KIND_DATA
+    link.put(kind, result.index, tensors, 0.0 if result.loss is None else result.loss, check=check)
 
 
 def _start_tick(links: Links, check: Callable[[], None]) -> None:

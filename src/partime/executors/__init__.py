@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .base import Executor, Layout, Result
 
-EXECUTORS = ("inline", "process", "distributed")
+EXECUTORS = ("inline", "process", "thread", "distributed")
 
 
 def executor_class(name: str) -> type[Executor]:
@@ -17,6 +17,10 @@ def executor_class(name: str) -> type[Executor]:
         from .process import ProcessExecutor
 
         return ProcessExecutor
+    if name == "thread":
+        from .thread import ThreadExecutor
+
+        return ThreadExecutor
     if name == "distributed":
         from .distributed import DistributedExecutor
 

@@ -9,15 +9,13 @@ Every value handed from one stage to another, and every sample and target fed, i
 contiguous tensor of its own (a copy of what the caller fed, which may reuse its buffers), as the
 executors that send values between processes take it: so they compute the same to the bit.
 
-A sample skipped under ``nonfinite="skip"`` is fed as ``x = None``: a hole that moves through the
-stages like a warm-up tick (nothing is computed on it) and comes out as a result with no output.
-A skipped sample (a hole, or a non-finite loss) sends back the gradient ``None``: each stage that
-would have applied its gradient does not step, and passes the ``None`` on.
+What a stage does in a tick is ``tick.forward_half`` and ``tick.backward_half``; this executor
+only orders them and carries their messages (a sample skipped under ``nonfinite="skip"``, fed as
+``x = None``, goes in as a ``tick.Skip``).
 """
 
 from __future__ import annotations
 
-import math
 from collections import deque
 from typing import Any
 
@@ -27,6 +25,7 @@ from torch import Tensor
 from .. import schedule
 from ..checkpoint import message
 from ..stage import Stage
+from ..tick import Data, Message, Skip, backward_half, forward_half
 from ..values import as_tensors, rebuild
 from .base import Executor, Layout, Result, stage_error
 
@@ -51,13 +50,13 @@ class InlineExecutor(Executor):
     def state_dict(self) -> dict[str, Any]:
         transit = None
         if self._fed:
-            def sent(value: tuple[int, Any] | None) -> dict[str, Any] | None:
+            def sent(value: Message | None) -> dict[str, Any] | None:
                 if value is None:
                     return None
-                return message(value[0], None if value[1] is None else as_tensors(value[1], "value in transit"))
+                return message(value.sample, None if isinstance(value, Skip) else as_tensors(value.value, "value in transit"))
 
             transit = {"tick": self._tick, "acts": [sent(a) for a in self._acts], "grads": [sent(g) for g in self._grads],
-                       "targets": [sent(t) for t in self._targets.items() if t[1] is not None]}
+                       "targets": [sent(Data(s, y)) for s, y in self._targets.items() if y is not None]}
         return {"stages": [stage.state_dict() for stage in self._stages], "transit": transit}
 
     def _resume(self, layout: Layout, state: dict[str, Any]) -> None:
@@ -67,26 +66,28 @@ class InlineExecutor(Executor):
         if transit is None:
             return
 
-        def value(sent: dict[str, Any] | None, spec: Any) -> tuple[int, Any] | None:
+        def value(sent: dict[str, Any] | None, spec: Any) -> Message | None:
             if sent is None:
                 return None
-            return sent["sample"], None if sent["tensors"] is None else rebuild(spec, tuple(sent["tensors"]))
+            if sent["tensors"] is None:
+                return Skip(sent["sample"])
+            return Data(sent["sample"], rebuild(spec, tuple(sent["tensors"])))
 
         self._tick = self._fed = transit["tick"]
         self._acts = [value(a, layout.into(i)) for i, a in enumerate(transit["acts"])]
         self._grads = [value(g, layout.activations[i] if g else None) for i, g in enumerate(transit["grads"])]
-        self._targets = dict(value(t, layout.target) for t in transit["targets"])
+        self._targets = {t["sample"]: rebuild(layout.target, tuple(t["tensors"])) for t in transit["targets"]}
 
     def _begin_segment(self) -> None:
         self._tick = 0
         self._fed = 0
-        self._acts: list[tuple[int, Any] | None] = [None] * self.depth  # into stage i, sent at tick - 1
-        self._grads: list[tuple[int, Any] | None] = [None] * self.depth  # into stage i, from stage i + 1
+        self._acts: list[Message | None] = [None] * self.depth  # into stage i, sent at tick - 1
+        self._grads: list[Message | None] = [None] * self.depth  # into stage i, from stage i + 1
         self._targets: dict[int, Any] = {}
 
     def feed(self, index: int, x: Any, y: Any) -> None:
         """Offer sample ``index`` (``x`` None: a skipped sample, a hole) and run one tick."""
-        self._acts[0] = (index, _own(x))
+        self._acts[0] = Skip(index) if x is None else Data(index, _own(x))
         self._targets[index] = _own(y)
         self._fed += 1
         self._run_tick(None)
@@ -108,48 +109,34 @@ class InlineExecutor(Executor):
         self._stages = []
 
     def _run_tick(self, num_samples: int | None) -> None:
-        """One tick: every stage does its forward, then its backward; messages land next tick."""
-        depth, tick = self.depth, self._tick
-        acts: list[tuple[int, Any] | None] = [None] * depth
-        grads: list[tuple[int, Any] | None] = [None] * depth
+        """One tick: every stage's two halves (``tick``), in order; what they send lands next tick."""
+        depth, tick, learning = self.depth, self._tick, self.config.learning
+        acts: list[Message | None] = [None] * depth
+        grads: list[Message | None] = [None] * depth
         for i, stage in enumerate(self._stages):
-            if schedule.forward_sample(i, tick, num_samples) is not None:
-                index, value = self._acts[i]
-                target = self._targets.pop(index, None) if i == depth - 1 else None
-                if value is None:  # a hole: nothing to compute, no gradient will come
-                    if i < depth - 1:
-                        acts[i + 1] = (index, None)
-                    else:
-                        self._results.append(Result(index, None, None, skipped=True))
-                        if self.config.learning and i > 0:
-                            grads[i - 1] = (index, None)
-                else:
-                    try:
-                        out = stage.forward(index, value)
-                        if i < depth - 1:
-                            acts[i + 1] = (index, _contiguous(out))
-                        elif not self.config.learning:
-                            self._results.append(Result(index, out))
-                        else:
-                            loss, grad = stage.learn(index, target)
-                            skipped = not math.isfinite(loss)  # a non-finite loss was skipped
-                            self._results.append(Result(index, out, loss, skipped=skipped))
-                            if i > 0:
-                                grads[i - 1] = (index, None if skipped else _contiguous(grad))
-                    except Exception as exc:
-                        raise stage_error(i, index, stage.phase, exc) from exc
-            if self.config.learning and i < depth - 1:
-                if schedule.backward_sample(i, tick, depth, num_samples) is not None:
-                    index, grad = self._grads[i]
-                    if grad is None:  # the sample was skipped: no step
-                        stage.drop(index)
-                    else:
-                        try:
-                            grad = stage.backward(index, grad)
-                        except Exception as exc:
-                            raise stage_error(i, index, stage.phase, exc) from exc
-                    if i > 0:
-                        grads[i - 1] = (index, _contiguous(grad))
+            last = i == depth - 1
+            message = self._acts[i]
+            if schedule.forward_sample(i, tick, num_samples) is not None and message is not None:
+                target = self._targets.pop(message.sample, None) if last else None
+                try:
+                    sent = forward_half(stage, message, last, lambda target=target: target)
+                except Exception as exc:
+                    raise stage_error(i, message.sample, stage.phase, exc) from exc
+                if sent.activation is not None:
+                    acts[i + 1] = _contiguous(sent.activation)
+                if sent.gradient is not None:
+                    grads[i - 1] = _contiguous(sent.gradient)
+                if sent.result is not None:
+                    self._results.append(sent.result)
+            message = self._grads[i]
+            if learning and not last and message is not None and \
+                    schedule.backward_sample(i, tick, depth, num_samples) is not None:
+                try:
+                    back = backward_half(stage, message)
+                except Exception as exc:
+                    raise stage_error(i, message.sample, stage.phase, exc) from exc
+                if back is not None:
+                    grads[i - 1] = _contiguous(back)
         self._acts, self._grads = acts, grads
         self._tick += 1
 
@@ -159,16 +146,12 @@ def _own(value: Any) -> Any:
     if value is None:
         return None
     copies = tuple(t.detach().clone(memory_format=torch.contiguous_format) for t in as_tensors(value, "value"))
-    return _rebuild_like(value, copies)
+    return copies[0] if isinstance(value, Tensor) else copies
 
 
-def _contiguous(value: Any) -> Any:
-    """``value`` with every tensor contiguous (copied only where it is not)."""
-    if value is None:
-        return None
-    return _rebuild_like(value, tuple(t.contiguous() for t in as_tensors(value, "value")))
-
-
-def _rebuild_like(value: Any, tensors: tuple[Tensor, ...]) -> Any:
-    """``tensors`` in the form of ``value``: a bare tensor, or a tuple."""
-    return tensors[0] if isinstance(value, Tensor) else tensors
+def _contiguous(message: Message) -> Message:
+    """``message`` with every tensor of its value contiguous (copied only where it is not)."""
+    if isinstance(message, Skip):
+        return message
+    tensors = tuple(t.contiguous() for t in as_tensors(message.value, "value"))
+    return Data(message.sample, tensors[0] if isinstance(message.value, Tensor) else tensors)

@@ -41,6 +41,7 @@ load their state before their first tick.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 import multiprocessing.process
@@ -50,8 +51,8 @@ import signal
 import sys
 import time
 import weakref
-from collections import ChainMap, deque
-from collections.abc import Callable
+from collections import ChainMap
+from collections.abc import Iterator
 from dataclasses import dataclass
 from multiprocessing.reduction import ForkingPickler
 from types import SimpleNamespace
@@ -61,25 +62,24 @@ import cloudpickle
 import torch
 import torch.multiprocessing as mp
 
-from .. import schedule
 from ..checkpoint import from_bytes, to_bytes
-from ..errors import StageError, StageTimeoutError, WorkerDiedError
+from ..errors import StageError, WorkerDiedError
 from ..semaphore import SharedSemaphore
 from ..stage import Stage, StageConfig
-from ..transport import POLL_S, Aborted, Channel, Flag, wait
+from ..transport import POLL_S, Aborted, Channel, Flag
 from ..worker import (
     Feeder,
     Links,
     Sent,
     Where,
     executor_state,
-    result_of,
     resume,
     run_segment,
     stage_answer,
     stage_resume,
 )
-from .base import LOOKAHEAD, Executor, Layout, Result, with_deadline
+from .base import LOOKAHEAD, Layout, with_deadline
+from .driver import Driver
 
 log = logging.getLogger(__name__)
 
@@ -148,11 +148,8 @@ class _Worker:
     resume: bytes | None = None  # torch.save of {"stage", "tick", "activation", "gradient"}
 
 
-class ProcessExecutor(Executor):
+class ProcessExecutor(Driver):
     """Runs each stage in its own process; see the module docstring."""
-
-    checkpoints = True
-    has_workers = True
 
     def start(self, layout: Layout, state: dict[str, Any] | None = None) -> None:
         ctx = mp.get_context("spawn")
@@ -161,19 +158,13 @@ class ProcessExecutor(Executor):
         self._stop = Flag()
         self._permits = [SharedSemaphore(0) for _ in range(depth)]
         self._ticks = [SharedSemaphore(0) for _ in range(depth)]
-        self._seen = [0] * depth  # ticks of each worker counted by sync
-        self._offered = 0  # ticks offered to the stages, over all segments
         self._asks = [SharedSemaphore(0) for _ in range(depth)]
         pipes = [ctx.Pipe(duplex=False) for _ in range(depth)]
         self._reports = [receiver for receiver, _ in pipes]
         self._ready = [False] * depth
         self._states: list[bytes | None] = [None] * depth
-        self._stuck: set[int] = set()  # stages found behind by a timeout: killed at once by close
+        self.begin()
         transit = state["transit"] if state is not None else None
-        # The current segment: [first tick, first sample index, samples (None until it ends)]. Every
-        # stage has finished the ticks of the segments before (flush syncs), so it is the only one.
-        self._segment: list[Any] | None = None
-        self._fed_at: deque[tuple[int, int]] = deque(maxlen=2 * depth + 8)  # (tick, sample) of the newest samples
         # The caller's own channels do not spin: on a machine with one core per stage, a caller
         # spinning for its result would take a core from a stage.
         acts = [Channel(_SHARED, layout.input.tensors, CAPACITY, name="input", spin_s=0)]
@@ -207,8 +198,9 @@ class ProcessExecutor(Executor):
             proc = ctx.Process(target=_work, args=(worker,), name=f"partime-stage-{i}", daemon=True)
             self._procs.append(proc)
         try:
-            for proc in self._procs:
-                proc.start()
+            with _main_not_rerun():
+                for proc in self._procs:
+                    proc.start()
             for _, sender in pipes:
                 sender.close()  # the workers hold their ends: a dead worker's pipe then reads as ended
             patience = None if self.timeout is None else max(self.timeout, START_S)
@@ -228,22 +220,6 @@ class ProcessExecutor(Executor):
         log.debug("started %d stage processes: %s", depth, [p.pid for p in self._procs])
         self._feeder.resume(transit, self._waiting("the last stage to take the targets in transit"))
 
-    def feed(self, index: int, x: Any, y: Any) -> None:
-        """Offer sample ``index``; ``x`` None is a skipped sample: a hole, sent without a target."""
-        if self._segment is None or self._segment[2] is not None:
-            # a new segment begins with this sample (or, resumed from a checkpoint, ``fed`` ticks ago)
-            fed = self._feeder.fed
-            self._segment = [self._offered - fed, index - fed, None]
-        self._feeder.feed(index, x, y, self._waiting(f"stage 0 to take sample {index}", 0))
-        self._fed_at.append((self._offered, index))
-        self._offer(1)
-
-    def end(self) -> None:
-        samples = self._feeder.end(self._waiting("stage 0 to take the end of the segment", 0))
-        if self._segment is not None:
-            self._segment[2] = samples
-        self._offer(schedule.segment_ticks(samples, self.depth, self.config.learning) - samples)
-
     def state_dict(self) -> dict[str, Any]:
         self.sync()
         for asks in self._asks:
@@ -256,26 +232,6 @@ class ProcessExecutor(Executor):
         answers = [from_bytes(data) for data in self._states if data is not None]
         self._states = [None] * self.depth
         return executor_state(answers, self._feeder.fed, self._feeder.in_transit())
-
-    def _offer(self, ticks: int) -> None:
-        """Let every stage run ``ticks`` more ticks."""
-        for permits in self._permits:
-            for _ in range(ticks):
-                permits.release()
-        self._offered += ticks
-
-    def next_result(self) -> Result:
-        waiting = self._waiting("the next result", self.depth - 1)
-        result = result_of(self._results.get(check=waiting), self._layout.output, self.config.learning)
-        self._feeder.used(result.index)
-        return result
-
-    def sync(self) -> None:
-        check = self._waiting(f"every stage to finish tick {self._offered - 1}")
-        for i, ticks in enumerate(self._ticks):
-            while self._seen[i] < self._offered:
-                wait(ticks, check)
-                self._seen[i] += 1
 
     def close(self) -> None:
         procs, self._procs = getattr(self, "_procs", []), []
@@ -305,11 +261,6 @@ class ProcessExecutor(Executor):
         self._channels = self._inputs = self._targets = self._results = self._feeder = None
         self._permits = self._ticks = self._asks = self._reports = []
 
-    def _waiting(self, what: str, stage: int | None = None) -> Callable[[], None]:
-        """The check for one wait of the caller, for ``what``: a worker's failure, and a
-        ``StageTimeoutError`` once the wait has lasted ``timeout`` (``stage``: the stage waited on)."""
-        return with_deadline(self._check, self.timeout, lambda: self._timed_out(what, stage))
-
     def _check(self) -> None:
         """Called while the caller waits: raise a worker's failure, if there is one."""
         self._read_reports()
@@ -333,59 +284,34 @@ class ProcessExecutor(Executor):
             except (EOFError, OSError):  # the worker is gone: its exit code says how
                 pass
 
-    def _timed_out(self, what: str, stage: int | None, waited: float | None = None) -> StageTimeoutError:
-        """The error for a wait that lasted ``timeout``: it names the stage with the fewest finished
-        ticks (the one holding the others up), or ``stage`` if every stage has finished its ticks."""
-        for i, ticks in enumerate(self._ticks):
-            while ticks.acquire(False):
-                self._seen[i] += 1
-        if not all(self._ready):
-            behind = self._ready.index(False)
-            sample, phase, doing = None, "start", "not ready: it has not built its stage yet"
-        else:
-            behind = min(range(self.depth), key=lambda i: self._seen[i])
-            if self._seen[behind] >= self._offered and stage is not None:
-                behind = stage
-            sample, phase, doing = self._work_at(behind, self._seen[behind])
-        self._stuck.add(behind)
-        proc = self._procs[behind]
-        return StageTimeoutError(behind, sample, phase,
-                                 f"the caller waited {waited or self.timeout:g} s for {what}; stage {behind} (pid {proc.pid}) "
-                                 f"has finished {self._seen[behind]} of the {self._offered} ticks offered, and is "
-                                 f"{doing}: is its process stopped, or does its forward block? Pass a larger "
-                                 f"timeout= if a tick may take that long", "")
+    def _describe(self, i: int) -> str:
+        return f"stage {i} (pid {self._procs[i].pid})"
 
     def _died(self, i: int, proc: Any) -> WorkerDiedError:
         """The error for stage ``i``, whose process ended without a word: at the tick it had not finished."""
-        finished = self._seen[i]
-        while self._ticks[i].acquire(False):
-            finished += 1
-        sample, phase, doing = self._work_at(i, finished)
+        sample, phase, doing = self.work_at(i, self.finished(i))
         return WorkerDiedError(i, sample, phase, f"{_death(proc)} {doing}", "")
 
-    def _work_at(self, i: int, tick: int) -> tuple[int | None, str, str]:
-        """Stage ``i``'s work at ``tick`` (counted over every segment): its sample, phase, and a sentence."""
-        if self._segment is None or tick < self._segment[0]:
-            return None, "start", "before its first tick"
-        start, base, n = self._segment
-        local = tick - start
-        if n is not None and local >= schedule.segment_ticks(n, self.depth, self.config.learning):
-            return None, "waiting", f"between two segments, after tick {tick - 1}"
-        forward = schedule.forward_sample(i, local, n)
-        backward = None
-        if self.config.learning and i < self.depth - 1:
-            backward = schedule.backward_sample(i, local, self.depth, n)
-        def sample(position: int) -> int:  # indices may have gaps: a refused sample uses one up
-            return next((index for at, index in self._fed_at if at == start + position), base + position)
 
-        work = [f"the forward of sample {sample(forward)}"] if forward is not None else []
-        work += [f"the gradient of sample {sample(backward)}"] if backward is not None else []
-        doing = f"in tick {tick}, before finishing " + (" and ".join(work) or "it (a tick with no work)")
-        if forward is not None:
-            return sample(forward), "forward", doing
-        if backward is not None:
-            return sample(backward), "backward", doing
-        return None, "waiting", doing
+
+@contextlib.contextmanager
+def _main_not_rerun() -> Iterator[None]:
+    """While workers start: ``spawn`` would have each one import the caller's main script again (so
+    that objects of ``__main__`` can be unpickled), which runs an unguarded script's pipeline again,
+    in the worker. Everything a worker is given travels by cloudpickle, ``__main__``'s classes and
+    functions by value, so it needs no main script: hide it from ``spawn`` meanwhile."""
+    main = sys.modules.get("__main__")
+    if main is None:
+        yield
+        return
+    saved = {key: main.__dict__[key] for key in ("__file__", "__spec__") if key in main.__dict__}
+    main.__dict__.pop("__file__", None)
+    main.__dict__["__spec__"] = None
+    try:
+        yield
+    finally:
+        main.__dict__.pop("__spec__", None)
+        main.__dict__.update(saved)
 
 
 _RUNNING: weakref.WeakSet[ProcessExecutor] = weakref.WeakSet()  # executors with workers, in this process

@@ -1,0 +1,153 @@
+"""The caller's side of an executor whose stages run in workers of their own (internal module).
+
+The process and thread executors share it: their workers run ``worker.run_segment`` over links,
+and the caller drives them tick by tick. A worker starts a tick only once the caller has offered
+it (a permit per stage and tick) and counts each finished tick on another semaphore, so ``sync``
+knows when every stage is between the same two ticks (to read the weights, or take a
+checkpoint), and a failure or a timeout can be placed: the caller knows every tick it offered,
+each stage's finished ticks, and the sample of each (``work_at``). What a subclass gives:
+
+- in ``start``: ``_permits`` and ``_ticks`` (one semaphore each per stage), ``_feeder``
+  (``worker.Feeder`` over the input and target links), ``_results`` (the last stage's result
+  link), ``_layout``, ``_ready`` (whether each worker has built its stage), and ``begin()``;
+- ``_check()``: raise a worker's failure, if there is one; ``_describe(i)``: stage ``i``'s worker in
+  words (its pid, its thread);
+- ``start``, ``state_dict`` and ``close``.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from .. import schedule
+from ..errors import StageTimeoutError
+from ..transport import wait
+from ..worker import Feeder, result_of
+from .base import Executor, Layout, Result, with_deadline
+
+
+class Driver(Executor):
+    """Feeds samples, offers ticks, takes results and waits for workers (see the module docstring)."""
+
+    checkpoints = True
+    has_workers = True
+
+    _permits: list[Any]
+    _ticks: list[Any]
+    _feeder: Feeder
+    _results: Any
+    _layout: Layout
+    _ready: list[bool]
+
+    def begin(self) -> None:
+        """Set up the counts: call once in ``start``, before the first wait."""
+        self._seen = [0] * self.depth  # ticks of each worker counted by sync
+        self._offered = 0  # ticks offered to the stages, over all segments
+        # The current segment: [first tick, first sample index, samples (None until it ends)]. Every
+        # stage has finished the ticks of the segments before (flush syncs), so it is the only one.
+        self._segment: list[Any] | None = None
+        self._fed_at: deque[tuple[int, int]] = deque(maxlen=2 * self.depth + 8)  # (tick, sample) of the newest
+        self._stuck: set[int] = set()  # stages found behind by a timeout: ``close`` stops them at once
+
+    def feed(self, index: int, x: Any, y: Any) -> None:
+        """Offer sample ``index``; ``x`` None is a skipped sample: a hole, sent without a target."""
+        if self._segment is None or self._segment[2] is not None:
+            # a new segment begins with this sample (or, resumed from a checkpoint, ``fed`` ticks ago)
+            fed = self._feeder.fed
+            self._segment = [self._offered - fed, index - fed, None]
+        self._feeder.feed(index, x, y, self._waiting(f"stage 0 to take sample {index}", 0))
+        self._fed_at.append((self._offered, index))
+        self._offer(1)
+
+    def end(self) -> None:
+        samples = self._feeder.end(self._waiting("stage 0 to take the end of the segment", 0))
+        if self._segment is not None:
+            self._segment[2] = samples
+        self._offer(schedule.segment_ticks(samples, self.depth, self.config.learning) - samples)
+
+    def _offer(self, ticks: int) -> None:
+        """Let every stage run ``ticks`` more ticks."""
+        for permits in self._permits:
+            for _ in range(ticks):
+                permits.release()
+        self._offered += ticks
+
+    def next_result(self) -> Result:
+        waiting = self._waiting("the next result", self.depth - 1)
+        result = result_of(self._results.get(check=waiting), self._layout.output, self.config.learning)
+        self._feeder.used(result.index)
+        return result
+
+    def sync(self) -> None:
+        check = self._waiting(f"every stage to finish tick {self._offered - 1}")
+        for i, ticks in enumerate(self._ticks):
+            while self._seen[i] < self._offered:
+                wait(ticks, check)
+                self._seen[i] += 1
+
+    def _check(self) -> None:
+        """Called while the caller waits: raise a worker's failure, if there is one."""
+        raise NotImplementedError
+
+    def _describe(self, i: int) -> str:
+        """Stage ``i``'s worker, in words."""
+        raise NotImplementedError
+
+    def _waiting(self, what: str, stage: int | None = None) -> Callable[[], None]:
+        """The check for one wait of the caller, for ``what``: a worker's failure, and a
+        ``StageTimeoutError`` once the wait has lasted ``timeout`` (``stage``: the stage waited on)."""
+        return with_deadline(self._check, self.timeout, lambda: self._timed_out(what, stage))
+
+    def _timed_out(self, what: str, stage: int | None, waited: float | None = None) -> StageTimeoutError:
+        """The error for a wait that lasted ``timeout``: it names the stage with the fewest finished
+        ticks (the one holding the others up), or ``stage`` if every stage has finished its ticks."""
+        for i, ticks in enumerate(self._ticks):
+            while ticks.acquire(False):
+                self._seen[i] += 1
+        if not all(self._ready):
+            behind = self._ready.index(False)
+            sample, phase, doing = None, "start", "not ready: it has not built its stage yet"
+        else:
+            behind = min(range(self.depth), key=lambda i: self._seen[i])
+            if self._seen[behind] >= self._offered and stage is not None:
+                behind = stage
+            sample, phase, doing = self.work_at(behind, self._seen[behind])
+        self._stuck.add(behind)
+        return StageTimeoutError(behind, sample, phase,
+                                 f"the caller waited {waited or self.timeout:g} s for {what}; {self._describe(behind)} "
+                                 f"has finished {self._seen[behind]} of the {self._offered} ticks offered, and is "
+                                 f"{doing}: is it stopped, or does its forward block? Pass a larger "
+                                 f"timeout= if a tick may take that long", "")
+
+    def finished(self, i: int) -> int:
+        """How many ticks stage ``i`` has finished, as far as its semaphore says now."""
+        while self._ticks[i].acquire(False):
+            self._seen[i] += 1
+        return self._seen[i]
+
+    def work_at(self, i: int, tick: int) -> tuple[int | None, str, str]:
+        """Stage ``i``'s work at ``tick`` (counted over every segment): its sample, phase, and a sentence."""
+        if self._segment is None or tick < self._segment[0]:
+            return None, "start", "before its first tick"
+        start, base, n = self._segment
+        local = tick - start
+        if n is not None and local >= schedule.segment_ticks(n, self.depth, self.config.learning):
+            return None, "waiting", f"between two segments, after tick {tick - 1}"
+        forward = schedule.forward_sample(i, local, n)
+        backward = None
+        if self.config.learning and i < self.depth - 1:
+            backward = schedule.backward_sample(i, local, self.depth, n)
+
+        def sample(position: int) -> int:  # indices may have gaps: a refused sample uses one up
+            return next((index for at, index in self._fed_at if at == start + position), base + position)
+
+        work = [f"the forward of sample {sample(forward)}"] if forward is not None else []
+        work += [f"the gradient of sample {sample(backward)}"] if backward is not None else []
+        doing = f"in tick {tick}, before finishing " + (" and ".join(work) or "it (a tick with no work)")
+        if forward is not None:
+            return sample(forward), "forward", doing
+        if backward is not None:
+            return sample(backward), "backward", doing
+        return None, "waiting", doing

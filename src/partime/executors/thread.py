@@ -1,0 +1,181 @@
+"""The thread executor: one thread per stage, in the caller's process (internal module).
+
+Each stage runs ``worker.run_segment`` (the loop the process executor's workers run) in a thread of
+its own, over links that hand values over by reference (``Handoff``): nothing is pickled, and
+nothing is copied between stages but to make a value contiguous where it is not (so that the next
+stage computes the bits the process executor's would). So a model built from classes defined in
+``__main__``, a notebook, ``python -c`` or stdin runs as it is, and a script needs no main guard.
+The samples and targets the caller feeds are copied (the caller may reuse its buffers); results
+are handed out by reference, as the inline executor does. The stages' modules are the
+pipeline's own, trained in place: ``pipe.module`` reads them between two ticks.
+
+The caller drives the threads as it drives processes (``driver.Driver``: a permit per tick, a
+count of finished ticks), so ``sync``, checkpoints and the naming of a late or failed tick are
+the same. A stage that raises stops every other at its next wait; the caller raises a
+``StageError`` naming the stage, the sample and the phase, with the original exception as its
+``__cause__``. Ctrl-C in the caller stops and joins every thread (each leaves at its next wait,
+within ``transport.POLL_S``, once its current tick's computation returns). A thread cannot be
+killed: one that a timeout found stuck is left behind (it is a daemon) with a warning.
+
+torch's threads: each stage thread sets torch's intra-op thread count for itself when it starts
+(``threads``, default: the cores divided among the stages). OpenMP keeps that count per calling
+thread, so the caller's own count is left as it was and the stages together use every core.
+Python's part of a tick (the loop, the modules' calls) runs one thread at a time under the GIL;
+torch's kernels release it, so stages overlap as much as their kernels dominate.
+
+How the CUDA executor will be added: the same threads, each issuing its stage's work on a CUDA
+stream of its own (``torch.cuda.stream``); a ``Handoff`` carries with each activation or gradient
+an event recorded on the sender's stream once the value is computed, and the receiver's stream
+waits on that event (``Stream.wait_event``) before using the value, so stages overlap on one GPU
+or run on several without a host synchronisation per tick; the caller synchronises only for the
+results it hands out. That code comes when a GPU can test it.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections import deque
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ..errors import StageError
+from ..stage import Stage
+from ..transport import POLL_S, Aborted, Message, wait
+from ..worker import Feeder, Links, Sent, Where, executor_state, resume, run_segment, stage_answer, stage_resume
+from .base import LOOKAHEAD, Layout, stage_error
+from .driver import Driver
+from .link import Permits
+
+log = logging.getLogger(__name__)
+
+CAPACITY = 2
+"""Messages a link holds: one being read while the next is written."""
+
+JOIN_S = 5.0
+"""How long ``close`` waits for the threads to leave."""
+
+
+class Handoff:
+    """A bounded FIFO between two threads with ``transport.Channel``'s ``put`` and ``get``: the tensors
+    go by reference, made contiguous (with ``copy``, as copies of their own)."""
+
+    def __init__(self, capacity: int, name: str, *, copy: bool = False):
+        self.name, self._copy = name, copy
+        self._items: deque[Message] = deque()
+        self._free, self._filled = threading.Semaphore(capacity), threading.Semaphore(0)
+
+    def put(self, kind: int, index: int, tensors: tuple[Tensor, ...] | list[Tensor] = (), scalar: float = 0.0, *,
+            check: Any = None) -> None:
+        """Hand one message over, waiting for room; whatever ``check`` raises while waiting propagates."""
+        wait(self._free, check, spin_s=0)
+        if self._copy:
+            values = tuple(t.detach().clone(memory_format=torch.contiguous_format) for t in tensors)
+        else:
+            values = tuple(t.detach().contiguous() for t in tensors)
+        self._items.append(Message(kind, index, scalar, values))
+        self._filled.release()
+
+    def get(self, *, check: Any = None) -> Message:
+        """The oldest message, waiting for one; whatever ``check`` raises while waiting propagates."""
+        wait(self._filled, check, spin_s=0)
+        message = self._items.popleft()
+        self._free.release()
+        return message
+
+
+class ThreadExecutor(Driver):
+    """Runs each stage in a thread of the caller's process; see the module docstring."""
+
+    def start(self, layout: Layout, state: dict[str, Any] | None = None) -> None:
+        depth, learning = self.depth, self.config.learning
+        self._layout = layout
+        self.begin()
+        self._stop = threading.Event()
+        self._failures: queue.SimpleQueue[tuple[dict[str, Any], BaseException]] = queue.SimpleQueue()
+        self._permits = [Permits(0) for _ in range(depth)]
+        self._ticks = [threading.Semaphore(0) for _ in range(depth)]
+        acts = [Handoff(CAPACITY, "input", copy=True)]
+        acts += [Handoff(CAPACITY, f"activation {i}->{i + 1}") for i in range(depth - 1)]
+        grads = [Handoff(CAPACITY, f"gradient {i + 1}->{i}") for i in range(depth - 1)] if learning else []
+        # the caller is ahead of the last stage by up to D ticks (and the lookahead) of targets
+        self._targets = Handoff(depth + 1 + LOOKAHEAD, "target", copy=True) if layout.target is not None else None
+        self._results = Handoff(CAPACITY, "result")
+        self._feeder = Feeder(acts[0], self._targets, depth)
+        self._stages: list[Stage] = []
+        for i, module in enumerate(self.stages):
+            try:
+                self._stages.append(Stage(i, module, self.config))
+            except Exception as exc:  # as a worker would report it
+                raise stage_error(i, None, "start", exc) from exc
+        self._sent = [Sent() for _ in range(depth)]
+        self._ready = [True] * depth
+        self._threads: list[threading.Thread] = []
+        for i, stage in enumerate(self._stages):
+            last = i == depth - 1
+            links = Links(
+                index=i, layout=layout, act_in=acts[i], act_out=None if last else acts[i + 1],
+                grad_in=grads[i] if learning and not last else None,
+                grad_out=grads[i - 1] if learning and i > 0 else None,
+                targets=self._targets if last else None, results=self._results if last else None,
+                permits=self._permits[i], ticks=self._ticks[i],
+            )
+            first, tick = links, 0
+            if state is not None:
+                try:
+                    first, tick = resume(stage, links, stage_resume(state, i))
+                except Exception as exc:
+                    raise stage_error(i, None, "resume", exc) from exc
+            thread = threading.Thread(target=self._work, args=(stage, first, links, tick), name=f"partime-stage-{i}",
+                                      daemon=True)
+            self._threads.append(thread)
+        for thread in self._threads:
+            thread.start()
+        self._feeder.resume(state["transit"] if state is not None else None,
+                            self._waiting("the last stage to take the targets in transit"))
+
+    def _work(self, stage: Stage, first: Links, links: Links, tick: int) -> None:
+        """The body of a stage's thread: run segments until told to stop."""
+        where = Where()
+
+        def check() -> None:
+            if self._stop.is_set():
+                raise Aborted
+
+        try:
+            torch.set_num_threads(self.threads or 1)
+            run_segment(stage, first, check, where, tick=tick, sent=self._sent[stage.index])
+            while True:
+                run_segment(stage, links, check, where, sent=self._sent[stage.index])
+        except Aborted:
+            pass
+        except BaseException as exc:  # noqa: BLE001 - every failure reaches the caller as data
+            self._failures.put((where.report(stage.index, exc), exc))
+            self._stop.set()
+
+    def state_dict(self) -> dict[str, Any]:
+        self.sync()  # every thread waits for its next tick: its stage may be read from here
+        answers = [stage_answer(stage, sent) for stage, sent in zip(self._stages, self._sent)]
+        return executor_state(answers, self._feeder.fed, self._feeder.in_transit())
+
+    def close(self) -> None:
+        threads, self._threads = getattr(self, "_threads", []), []
+        if not threads:
+            return
+        self._stop.set()
+        for i, thread in enumerate(threads):
+            thread.join(POLL_S if i in self._stuck else JOIN_S)
+            if thread.is_alive():
+                log.warning("stage thread %s is stuck in its tick and cannot be stopped; leaving it", thread.name)
+        self._stages = []
+
+    def _check(self) -> None:
+        if not self._failures.empty():
+            report, exc = self._failures.get()
+            raise StageError(**report) from exc
+
+    def _describe(self, i: int) -> str:
+        return f"stage {i} (thread {self._threads[i].name})"
