@@ -5,8 +5,8 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from partime import fidelity as fid
-from partime.cli import main
+from partime.tools import fidelity as fid
+from partime.tools.cli import main
 
 
 def test_even_balance():

@@ -4,14 +4,23 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 import socket
+import sys
 from collections import Counter
+from collections.abc import Callable, Iterator
 
 import pytest
 import torch
 
 from partime import streams
-from partime.streams import moving_digits, next_frame_pairs, panning_camera, shuffled_digits, smoothness
+from partime.streams import (
+    moving_digits,
+    next_frame_pairs,
+    panning_camera,
+    shuffled_digits,
+    smoothness,
+)
 
 
 def digit_frames(n: int, **kwargs: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -172,3 +181,16 @@ def test_data_ships_with_scikit_learn(monkeypatch: pytest.MonkeyPatch) -> None:
     assert images.shape == (1797, 1, 16, 16) and labels.shape == (1797,)
     assert Counter(labels.tolist()).keys() == set(range(10))
     assert photos.shape == (2, 3, 107, 160)
+
+
+@pytest.mark.parametrize(("blocked", "stream"), [(("sklearn", "sklearn.datasets"), moving_digits),
+                                                 (("PIL",), panning_camera)])
+def test_streams_without_their_data_readers_say_which_extra_to_install(
+        monkeypatch: pytest.MonkeyPatch, blocked: tuple[str, ...], stream: Callable[[int], Iterator[object]]) -> None:
+    for name in blocked:
+        monkeypatch.setitem(sys.modules, name, None)  # makes `import name` fail as if it were not installed
+    streams._digits.cache_clear()
+    streams._photos.cache_clear()
+    with pytest.raises(ImportError, match=re.escape("pip install partime[tools]")) as caught:
+        next(stream(1))
+    assert blocked[0] in str(caught.value)

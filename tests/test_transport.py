@@ -18,7 +18,6 @@ from partime.transport import (
     Aborted,
     Channel,
     Message,
-    measure_hop,
     wait,
 )
 from partime.values import TensorSpec
@@ -204,13 +203,3 @@ def test_spec_mismatch_names_channel_position_and_both_specs() -> None:
     ch.put(KIND_DATA, 0, (a, b))
     ch.put(KIND_DATA, 1, (a, b))
     assert [ch.get().index for _ in range(2)] == [0, 1]
-
-
-def test_measure_hop_reports_finite_times_and_leaves_no_process() -> None:
-    result = measure_hop(nbytes=4096, rounds=200)
-    assert set(result) == {"nbytes", "rounds", "hop_us_median", "hop_us_p90"}
-    assert (result["nbytes"], result["rounds"]) == (4096, 200)
-    assert 0 < result["hop_us_median"] <= result["hop_us_p90"] < math.inf
-    assert multiprocessing.active_children() == []
-    with pytest.raises(ValueError, match="got 6"):
-        measure_hop(nbytes=6)

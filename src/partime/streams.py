@@ -1,5 +1,9 @@
 """Streams made from real data that ships inside scikit-learn: nothing is downloaded at run time.
 
+The data needs the tools extra (scikit-learn, and Pillow for the photographs): ``pip install
+partime[tools]``. It is imported when a stream first reads it, so importing this module needs
+neither, and a stream without them raises an ImportError that says so.
+
 Every stream is a lazy generator, and the same arguments (seed included) give the same tensors;
 another seed gives others. Frames are float32 in [0, 1] with a leading batch dimension.
 
@@ -52,10 +56,19 @@ _PHOTO_SHRINK = 4
 _DIGITS_TAG, _SHUFFLE_TAG, _CAMERA_TAG = 0, 1, 2
 
 
+def _missing(package: str, error: ImportError) -> ImportError:
+    """The error for data whose reader is not installed: what is missing, and how to install it."""
+    return ImportError(f"partime.streams reads its data with {package}, which could not be imported ({error}): "
+                       "pip install partime[tools]")
+
+
 @functools.cache
 def _digits() -> tuple[Tensor, Tensor]:
     """Every bundled digit drawn 16×16 in [0, 1] ([1797, 1, 16, 16]) and its label ([1797])."""
-    from sklearn.datasets import load_digits
+    try:
+        from sklearn.datasets import load_digits
+    except ImportError as error:
+        raise _missing("scikit-learn", error) from error
 
     data = load_digits()
     images = torch.tensor(data.images, dtype=torch.float32).unsqueeze(1) / 16.0
@@ -66,7 +79,11 @@ def _digits() -> tuple[Tensor, Tensor]:
 @functools.cache
 def _photos() -> Tensor:
     """scikit-learn's sample photographs, shrunk 4× with antialiasing: [2, 3, 107, 160] in [0, 1]."""
-    from sklearn.datasets import load_sample_images  # needs Pillow to decode the JPEG files
+    try:
+        import PIL  # noqa: F401  (scikit-learn decodes the JPEG files with Pillow, and says so only when asked to)
+        from sklearn.datasets import load_sample_images
+    except ImportError as error:
+        raise _missing("scikit-learn and Pillow", error) from error
 
     images = np.stack(load_sample_images().images)  # [2, 427, 640, 3] uint8
     photos = torch.from_numpy(images).permute(0, 3, 1, 2).float() / 255.0

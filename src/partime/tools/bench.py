@@ -16,6 +16,7 @@ channels and ReLUs on small frames. It returns rows (dicts); printing is the CLI
 from __future__ import annotations
 
 import copy
+import itertools
 import logging
 import os
 import statistics
@@ -26,9 +27,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from .partition import Partition
-from .pipeline import Pipeline
-from .transport import measure_hop
+from ..partition import Partition
+from ..pipeline import Pipeline
+from .hop import measure_hop
 
 log = logging.getLogger(__name__)
 
@@ -156,7 +157,7 @@ def median_ms(stamps: Sequence[float], warmup: int, blocks: int) -> float:
         raise ValueError(f"{blocks} blocks need {blocks} timed samples, "
                          f"got {samples} ({len(stamps)} stamps, warmup {warmup})")
     cuts = [warmup + samples * k // blocks for k in range(blocks + 1)]
-    per_block = [(stamps[b] - stamps[a]) * 1e3 / (b - a) for a, b in zip(cuts, cuts[1:])]
+    per_block = [(stamps[b] - stamps[a]) * 1e3 / (b - a) for a, b in itertools.pairwise(cuts)]
     log.debug("ms per sample by block: %s", per_block)
     return statistics.median(per_block)
 

@@ -19,12 +19,20 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .bench import CLASSES, _time_pipeline, _time_sequential, conv_net, cpu_clocks, others_busy, sgd
-from .executors.link import LINK_TIMEOUT_S, Link
-from .executors.ranks import Run, join_group
-from .pipeline import Pipeline
-from .transport import KIND_DATA
-from .values import TensorSpec
+from ..executors.link import LINK_TIMEOUT_S, Link
+from ..executors.ranks import Run, join_group
+from ..pipeline import Pipeline
+from ..transport import KIND_DATA
+from ..values import TensorSpec
+from .bench import (
+    CLASSES,
+    _time_pipeline,
+    _time_sequential,
+    conv_net,
+    cpu_clocks,
+    others_busy,
+    sgd,
+)
 
 
 def measure_link_hop(nbytes: int = 65536, rounds: int = 1000) -> dict[str, float] | None:
@@ -88,7 +96,7 @@ def _cpu_seconds() -> float:
 def bench_distributed(samples: int = 300, size: int = 32, layers: int = 16, *, channels: int = 32,
                       modes: Sequence[str] = ("inference", "learning"), warmup: int = 20, blocks: int = 5,
                       seed: int = 0, progress: Callable[[str], None] | None = None) -> list[dict[str, Any]] | None:
-    """``partime.bench.run_bench`` for this executor: every rank calls it, under torchrun.
+    """``partime.tools.bench.run_bench`` for this executor: every rank calls it, under torchrun.
 
     With D ranks, one row per mode for the sequential baselines (rank 0 alone, one thread and
     every core) and one for ``Pipeline(model, D, executor="distributed")``, keyed as

@@ -20,7 +20,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from .executors import EXECUTORS
+from ..executors import EXECUTORS
 
 DISTRIBUTED_LAYERS = 16
 """The distributed bench's default number of blocks: at D = 2, stages of about 4.4 ms on the README's 2-core VM
@@ -64,8 +64,8 @@ def main() -> None:
               help="Pipeline depths D to time, comma-separated.")
 @click.option("--size", type=click.IntRange(min=1), default=32, show_default=True, help="Frame height and width.")
 @click.option("--layers", type=click.IntRange(min=1), default=None,
-              help="Convolution blocks after the stem.  [default: 12; 16 with the distributed executor, "
-                   "whose sends between ranks pay off for stages of 4 ms or more at D = 2]")
+              help="Convolution blocks after the stem.  [default: 12; 16 with the distributed executor, for "
+                   "stages of about 4 ms at D = 2, the size at which its sends between ranks pay off]")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Also write the rows to this JSON file.")
 def bench(executor: str, samples: int, depths: tuple[int, ...], size: int, layers: int | None,

@@ -21,15 +21,21 @@ from typing import Any
 
 import torch
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+)
 from rich.table import Table
 from torch import Tensor, nn
 
-from . import streams
+from .. import streams
+from ..metrics import OnlineMetrics
+from ..pipeline import Pipeline
 from .bench import conv_net, cpu_clocks, median_ms, others_busy
 from .fidelity import BATCH, DIGITS_LR, HOLD, digits_model
-from .metrics import OnlineMetrics
-from .pipeline import Pipeline
 
 DEPTH = 2
 WARMUP = 20  # results left out of the timing

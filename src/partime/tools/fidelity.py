@@ -40,12 +40,12 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from . import lookahead, streams
-from .compensation import AUTOMATIC
-from .errors import StageError
-from .metrics import OnlineMetrics
-from .partition import plan
-from .pipeline import Pipeline
+from .. import lookahead, streams
+from ..compensation import AUTOMATIC
+from ..errors import StageError
+from ..metrics import OnlineMetrics
+from ..partition import plan
+from ..pipeline import Pipeline
 
 log = logging.getLogger(__name__)
 
