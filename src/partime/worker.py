@@ -25,20 +25,41 @@ from __future__ import annotations
 
 import traceback as tb
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Protocol
 
 from torch import Tensor
 
 from . import schedule
 from . import tick as tick_rule
 from .checkpoint import message as transit_message
-from .executors.base import Layout, Result
+from .layout import Layout, Result
 from .stage import Stage
 from .tick import backward_half, forward_half
 from .transport import KIND_DATA, KIND_END, KIND_SKIP, Message, wait
 from .values import ValueSpec, as_tensors, rebuild
+
+
+class Link(Protocol):
+    """One direction of messages between two workers (or a worker and the caller)."""
+
+    def put(self, kind: int, index: int, tensors: Sequence[Tensor] = (), scalar: float = 0.0, *,
+            check: Callable[[], None] | None = None) -> None:
+        """Send one message (waiting for room, asking ``check``); the sender keeps its tensors."""
+        ...
+
+    def get(self, *, check: Callable[[], None] | None = None) -> Message:
+        """The oldest message, waiting for one (asking ``check``)."""
+        ...
+
+
+class Gate(Protocol):
+    """A semaphore: the caller's permits, a worker's count of finished ticks."""
+
+    def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool: ...
+
+    def release(self) -> None: ...
 
 
 @dataclass
@@ -47,14 +68,14 @@ class Links:
 
     index: int
     layout: Layout
-    act_in: Any  # activations (or samples, for stage 0) and the END of each segment
-    act_out: Any | None = None  # None for the last stage: it sends results instead
-    grad_in: Any | None = None  # from the next stage, when learning and not last
-    grad_out: Any | None = None  # to the previous stage, when learning and not first
-    targets: Any | None = None  # last stage, supervised learning
-    results: Any | None = None  # last stage
-    permits: Any | None = None  # a semaphore released once per tick the caller offers, if gated
-    ticks: Any | None = None  # a semaphore the worker releases once per finished tick, if counted
+    act_in: Link  # activations (or samples, for stage 0) and the END of each segment
+    act_out: Link | None = None  # None for the last stage: it sends results instead
+    grad_in: Link | None = None  # from the next stage, when learning and not last
+    grad_out: Link | None = None  # to the previous stage, when learning and not first
+    targets: Link | None = None  # last stage, supervised learning
+    results: Link | None = None  # last stage
+    permits: Gate | None = None  # released once per tick the caller offers, if gated
+    ticks: Gate | None = None  # released by the worker once per finished tick, if counted
 
 
 class Where:
@@ -191,6 +212,8 @@ class Feeder:
 
     def target(self, index: int, tensors: tuple[Tensor, ...], check: Callable[[], None]) -> None:
         """Send sample ``index``'s target (also: a checkpoint's targets in transit, when resuming)."""
+        if self.targets is None:
+            raise ValueError(f"sample {index} has a target, but the last stage takes none")
         self.targets.put(KIND_DATA, index, tensors, check=check)
         if self.depth > 1:  # with one stage, a target is used in the tick it is fed
             self._unused.append(transit_message(index, tensors))
@@ -229,6 +252,16 @@ def resumed_links(links: Links, activation: dict[str, Any] | None, gradient: dic
     return replace(links, act_in=primed(links.act_in, activation), grad_in=primed(links.grad_in, gradient))
 
 
+def run_stage(stage: Stage, links: Links, check: Callable[[], None], where: Where, sent: Sent, *,
+              first: Links | None = None, tick: int = 0) -> None:
+    """A stage's life in its worker: segment after segment, the first one from ``tick`` on ``first``
+    (a resumed stage's links, ``resume``), every other on ``links``, until ``check`` raises
+    (``transport.Aborted``: the run is over) or the stage fails (its exception, with ``where``)."""
+    run_segment(stage, first or links, check, where, tick=tick, sent=sent)
+    while True:
+        run_segment(stage, links, check, where, sent=sent)
+
+
 def run_segment(stage: Stage, links: Links, check: Callable[[], None], where: Where, *,
                 tick: int = 0, sent: Sent | None = None) -> None:
     """The ticks of one segment, from ``tick`` (a resumed segment starts later than 0), until the
@@ -265,7 +298,7 @@ def _run_ticks(stage: Stage, links: Links, check: Callable[[], None], where: Whe
             received = links.act_in.get(check=check)
             if received.kind == KIND_END:  # the segment has n samples: look at this tick again
                 n = received.index
-                if not last:
+                if links.act_out is not None:  # not the last stage
                     links.act_out.put(KIND_END, n, check=check)
                 continue
             message = _message(received, links.layout.into(i))
@@ -280,8 +313,8 @@ def _run_ticks(stage: Stage, links: Links, check: Callable[[], None], where: Whe
                 sent.activation = _put(links.act_out, forwarded.activation, check)
             if forwarded.result is not None:
                 _put_result(links.results, forwarded.result, check)
-        if learning and not last and schedule.backward_sample(i, tick, depth, n) is not None:
-            where.sample, where.phase = None, "receive"
+        if links.grad_in is not None and schedule.backward_sample(i, tick, depth, n) is not None:
+            where.sample, where.phase = None, "receive"  # (a stage with a gradient link learns, and is not last)
             message = _message(links.grad_in.get(check=check), links.layout.activations[i])
             where.sample, where.phase = message.sample, "backward"
             back = backward_half(stage, message)
@@ -301,7 +334,7 @@ def _message(received: Message, spec: ValueSpec) -> tick_rule.Message:
 
 def _target(links: Links, check: Callable[[], None]) -> Any:
     """The last stage's next target (None for a loss that takes none)."""
-    if links.targets is None:
+    if links.targets is None or links.layout.target is None:
         return None
     return rebuild(links.layout.target, links.targets.get(check=check).tensors)
 

@@ -7,7 +7,7 @@ samples (and targets, for the last stage) and reads results through channels of 
     caller ──x──► stage 0 ──a──► stage 1 ──a──► … ──► stage D-1 ──result──► caller
                   stage 0 ◄──g── stage 1 ◄──g── … ◄── stage D-1 ◄──target── caller
 
-A worker runs ``worker.run_segment`` (the loop every executor with stages of their own shares)
+A worker runs ``worker.run_stage`` (the loop every executor with stages of their own shares)
 over these channels. A worker starts a tick only when the caller has offered it (a permit semaphore)
 and counts its finished ticks on another, which is how ``sync`` knows that every stage is
 between the same two ticks.
@@ -74,7 +74,7 @@ from ..worker import (
     Where,
     executor_state,
     resume,
-    run_segment,
+    run_stage,
     stage_answer,
     stage_resume,
 )
@@ -366,9 +366,7 @@ def _work(w: _Worker) -> None:
             where.phase = "resume"
             links, tick = resume(stage, links, from_bytes(w.resume))
         w.reports.send((_READY, None))
-        run_segment(stage, links, check, where, tick=tick, sent=sent)
-        while True:
-            run_segment(stage, w.links, check, where, sent=sent)
+        run_stage(stage, w.links, check, where, sent, first=links, tick=tick)
     except Aborted:
         pass
     except BaseException as exc:  # noqa: BLE001 - every failure goes back to the caller as data

@@ -1,6 +1,6 @@
 """The thread executor: one thread per stage, in the caller's process (internal module).
 
-Each stage runs ``worker.run_segment`` (the loop the process executor's workers run) in a thread of
+Each stage runs ``worker.run_stage`` (the loop the process executor's workers run) in a thread of
 its own, over links that hand values over by reference (``Handoff``): nothing is pickled, and
 nothing is copied between stages but to make a value contiguous where it is not (so that the next
 stage computes the bits the process executor's would). So a model built from classes defined in
@@ -37,6 +37,7 @@ import logging
 import queue
 import threading
 from collections import deque
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -45,7 +46,17 @@ from torch import Tensor
 from ..errors import StageError
 from ..stage import Stage
 from ..transport import POLL_S, Aborted, Message, wait
-from ..worker import Feeder, Links, Sent, Where, executor_state, resume, run_segment, stage_answer, stage_resume
+from ..worker import (
+    Feeder,
+    Links,
+    Sent,
+    Where,
+    executor_state,
+    resume,
+    run_stage,
+    stage_answer,
+    stage_resume,
+)
 from .base import LOOKAHEAD, Layout, stage_error
 from .driver import Driver
 from .link import Permits
@@ -68,8 +79,8 @@ class Handoff:
         self._items: deque[Message] = deque()
         self._free, self._filled = threading.Semaphore(capacity), threading.Semaphore(0)
 
-    def put(self, kind: int, index: int, tensors: tuple[Tensor, ...] | list[Tensor] = (), scalar: float = 0.0, *,
-            check: Any = None) -> None:
+    def put(self, kind: int, index: int, tensors: Sequence[Tensor] = (), scalar: float = 0.0, *,
+            check: Callable[[], None] | None = None) -> None:
         """Hand one message over, waiting for room; whatever ``check`` raises while waiting propagates."""
         wait(self._free, check, spin_s=0)
         if self._copy:
@@ -79,7 +90,7 @@ class Handoff:
         self._items.append(Message(kind, index, scalar, values))
         self._filled.release()
 
-    def get(self, *, check: Any = None) -> Message:
+    def get(self, *, check: Callable[[], None] | None = None) -> Message:
         """The oldest message, waiting for one; whatever ``check`` raises while waiting propagates."""
         wait(self._filled, check, spin_s=0)
         message = self._items.popleft()
@@ -147,9 +158,7 @@ class ThreadExecutor(Driver):
 
         try:
             torch.set_num_threads(self.threads or 1)
-            run_segment(stage, first, check, where, tick=tick, sent=self._sent[stage.index])
-            while True:
-                run_segment(stage, links, check, where, sent=self._sent[stage.index])
+            run_stage(stage, links, check, where, self._sent[stage.index], first=first, tick=tick)
         except Aborted:
             pass
         except BaseException as exc:  # noqa: BLE001 - every failure reaches the caller as data
