@@ -7,21 +7,24 @@ counts ticks and samples, and leaves the running of the stages to its executor.
 from __future__ import annotations
 
 import copy
+import functools
 import logging
 import os
 import warnings
 from collections import deque
-from collections.abc import Iterable, Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 import torch
 from torch import nn
 
-from .checkpoint import Checkpoints, layout_from_plain
+from . import checkpoint
+from .checkpoint import CheckpointError, layout_from_plain
 from .compensation import check_compensation
 from .errors import PipelineClosedError, StageError
-from .executors import EXECUTORS, Executor, Layout, Result, executor_class
+from .executors import EXECUTORS, Executor, executor_class
 from .executors.base import LOOKAHEAD, stage_error
+from .layout import Layout, Result
 from .lookahead import check_optimizer_factory
 from .partition import Partition, check_balance, plan, split
 from .signals import SigtermGuard
@@ -34,11 +37,17 @@ from .stage import (
     check_loss_fn,
     takes_target,
 )
-from .values import ValueSpec, check_like, copy_tensors, nonfinite, spec_of
+from .state import PipelineState
+from .values import ValueSpec, copy_tensors, nonfinite, spec_of
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 log = logging.getLogger(__name__)
 
 _MISSING = object()
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
 TIMEOUT_S = 300.0
 """The default ``timeout``: five minutes, far longer than one tick of any model that keeps up with a
@@ -50,7 +59,20 @@ SKIP_WINDOW = 100
 SKIP_SHARE = 0.5
 
 
-class Pipeline(Checkpoints):
+def _on_rank_0(otherwise: Callable[[], Any] = lambda: None) -> Callable[
+        [Callable[Concatenate[Pipeline, _P], _R]], Callable[Concatenate[Pipeline, _P], _R]]:
+    """A method of ``Pipeline`` that does nothing, and returns ``otherwise()``, on the ranks > 0 of
+    the distributed executor: they serve their stage in ``open``; rank 0 reads the stream and
+    holds the checkpoints."""
+    def on_rank_0(method: Callable[Concatenate[Pipeline, _P], _R]) -> Callable[Concatenate[Pipeline, _P], _R]:
+        @functools.wraps(method)
+        def call(self: Pipeline, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+            return otherwise() if self._rank > 0 else method(self, *args, **kwargs)
+        return call
+    return on_rank_0
+
+
+class Pipeline:
     """``model`` cut into ``balance`` stages that run at once, each on its own sample.
 
     ``balance`` is a list of layers per stage, or a number of stages D: then each layer is timed on
@@ -121,7 +143,7 @@ class Pipeline(Checkpoints):
         timeout: float | None = TIMEOUT_S,
     ):
         self._pid = os.getpid()
-        self._state = "new"  # new -> open -> closed
+        self._status = "new"  # new -> open -> closed
         self._executor: Executor | None = None
         check_balance(model, balance)
         if grad_mode not in GRAD_MODES:
@@ -138,7 +160,7 @@ class Pipeline(Checkpoints):
         check_loss_fn(loss_fn)
         depth = balance if isinstance(balance, int) else len(balance)
         self.depth = depth
-        self._devices = self._check_devices(devices, depth, executor)
+        self._devices = self._executor_class.check_devices(devices, depth)
         if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
             raise ValueError(f"threads must be a whole number of at least 1, got {threads!r}")
         if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
@@ -155,24 +177,15 @@ class Pipeline(Checkpoints):
                                    nonfinite=nonfinite)
         check_optimizer_factory(optimizer, self._config.compensation)
         self._sigterm = SigtermGuard() if executor == "process" else None
-        self._supervised = takes_target(loss_fn) if loss_fn is not None else False
+        self._state = PipelineState(supervised=takes_target(loss_fn) if loss_fn is not None else False)
         self._partition: Partition | None = None
         if not isinstance(balance, int) or sample is not None:
             self._partition = self._plan(sample)
         self._failure: str | None = None
-        self._x_spec: ValueSpec | None = None
-        self._y_spec: ValueSpec | None = None
-        self._next_index = 0
-        self._in_segment = 0  # samples fed since the segment began
-        self._taken = 0  # results handed out since the segment began
-        self._held: deque[Result] = deque()  # results taken from the executor for a checkpoint, not handed out
-        self._given: deque[tuple[int, Any]] = deque()  # (index, target) of samples fed and not handed out
         self._skips: deque[bool] = deque(maxlen=SKIP_WINDOW)  # whether each recent result was skipped
         self._warned_skips = False
-        self._resume: dict[str, Any] | None = None  # a loaded checkpoint the executor starts from
-        self._executor_layout: Layout | None = None
         # The distributed executor runs one stage per rank; on ranks > 0 the pipeline serves its stage.
-        self._rank = getattr(self._executor_class, "rank", lambda depth: 0)(depth)
+        self._rank = self._executor_class.rank(depth)
 
     # -- public ---------------------------------------------------------------------------------
 
@@ -196,7 +209,7 @@ class Pipeline(Checkpoints):
         The pipeline trains a copy of the model it was given (which stays as it was): to train
         that one, ``model.load_state_dict(pipe.module.state_dict())``.
         """
-        if self._executor is not None and self._state == "open":
+        if self._executor is not None and self._status == "open":
             self._guard(self._executor.sync)
         return copy.deepcopy(self._model)
 
@@ -206,13 +219,14 @@ class Pipeline(Checkpoints):
 
         A stream resumed from a checkpoint goes on from this sample.
         """
-        return self._next_index
+        return self._state.next_index
 
-    def open(self) -> Pipeline:
+    def open(self) -> Self:
         """Make the pipeline ready for samples (its workers start at the first one)."""
-        if self._state != "new":
-            raise PipelineClosedError(f"this pipeline was already {self._state}ed; make a new one")
-        self._state = "open"
+        if self._status != "new":
+            done = "opened" if self._status == "open" else "closed"
+            raise PipelineClosedError(f"this pipeline was already {done}; make a new one")
+        self._status = "open"
         if self._sigterm is not None:
             self._sigterm.install()
         if self._rank > 0:  # serve this rank's stage until rank 0 closes the pipeline
@@ -225,58 +239,57 @@ class Pipeline(Checkpoints):
         In a process made by ``os.fork()`` from the one that opened the pipeline, it only marks this
         copy closed: the workers belong to that process.
         """
-        was_open, self._state = self._state == "open", "closed"
+        was_open, self._status = self._status == "open", "closed"
         if os.getpid() != self._pid:
             return
         if self._sigterm is not None:
             self._sigterm.restore()  # first: a SIGTERM while the workers are joined ends the program
         if self._executor is not None:
             self._executor.close()
-        elif was_open and self._rank == 0 and hasattr(self._executor_class, "cancel"):
+        elif was_open and self._rank == 0:
             self._executor_class.cancel(self._failure)  # ranks > 0 wait for the first sample
 
     def __del__(self) -> None:
         executor = getattr(self, "_executor", None)
-        if self._state == "open" and executor is not None and executor.has_workers and os.getpid() == self._pid:
+        if self._status == "open" and executor is not None and executor.has_workers and os.getpid() == self._pid:
             warnings.warn(f"an open partime Pipeline ({self._executor_class.__name__}) was garbage-collected; its "
                           "workers are stopped now. Close it: `with pipe:`, or pipe.close()",
                           ResourceWarning, source=self, stacklevel=2)
             self.close()
 
-    def __enter__(self) -> Pipeline:
+    def __enter__(self) -> Self:
         return self.open()
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
+    @_on_rank_0()
     def step(self, x: Any, y: Any = None) -> Result | None:
         """Offer sample ``x`` (with target ``y`` for a supervised loss) and run one tick.
 
         Returns the result that left the pipeline during this tick, or None while it fills up.
         """
-        if self._rank > 0:  # rank 0 reads the stream; this rank served its stage in open()
-            return None
         self._feed(x, y)
         return self._take() if self._due() else None
 
+    @_on_rank_0(list)
     def flush(self) -> list[Result]:
         """Run the remaining ticks without input; the results still inside, in order.
 
         When learning, every fed sample's gradient has been applied at every stage on return.
         """
-        if self._rank > 0:
-            return []
         self._check_open()
-        if self._in_segment == 0:
+        state = self._state
+        if state.in_segment == 0:
             return []
-        if self._executor is None:  # resumed from a checkpoint with samples in flight
-            self._guard(self._start, None, None)
-        self._guard(self._executor.end)
-        rest = [self._take() for _ in range(self._in_segment - self._taken)]
-        self._guard(self._executor.sync)
-        self._in_segment = self._taken = 0
+        executor = self._running(None, None)  # not started yet if resumed with samples in flight
+        self._guard(executor.end)
+        rest = [self._take() for _ in range(state.in_segment - state.taken)]
+        self._guard(executor.sync)
+        state.flushed()
         return rest
 
+    @_on_rank_0(lambda: iter(()))
     def stream(self, xs: Iterable[Any], ys: Iterable[Any] | None = None) -> Iterator[Result]:
         """Every sample of ``xs`` (with the targets ``ys``) through the pipeline, then a flush.
 
@@ -287,40 +300,122 @@ class Pipeline(Checkpoints):
         the samples in flight inside the pipeline: their results come out of the next ``step``,
         ``flush`` or ``stream``, first.
         """
-        if self._rank > 0:
-            return
         targets = iter(ys) if ys is not None else None
-        pairs = ys is None and self._supervised is True
+        pairs = ys is None and self._state.supervised is True
         for item in xs:
             if pairs:
-                x, y = _pair(item, self._next_index)
+                x, y = _pair(item, self._state.next_index)
             else:
                 x = item
                 y = None if targets is None else next(targets, _MISSING)
             if y is _MISSING:
-                raise ValueError(f"ys ended before xs: there is no target for sample {self._next_index}")
+                raise ValueError(f"ys ended before xs: there is no target for sample {self._state.next_index}")
             self._feed(x, y)
             while self._due() > LOOKAHEAD:
                 yield self._take()
         if targets is not None and next(targets, _MISSING) is not _MISSING:
-            raise ValueError(f"ys is longer than xs: xs ended after {self._next_index} samples")
+            raise ValueError(f"ys is longer than xs: xs ended after {self._state.next_index} samples")
         yield from self.flush()
+
+    # -- checkpoints (see partime.checkpoint) -----------------------------------------------------
+
+    @_on_rank_0()
+    def state_dict(self) -> dict[str, Any] | None:
+        """The whole state of the pipeline between two ticks, as tensors and plain values.
+
+        It holds the weights, the optimizer states, the counters and everything in flight: the
+        forwards the stages keep for a late gradient, the activations and gradients on their way
+        to the next tick, the targets not used yet and the results that left the pipeline but were
+        not handed out. Loaded (``load_state_dict``) into a pipeline made with the same settings,
+        also in another process or with another executor, it goes on exactly as this one would.
+
+        Take it after ``step()`` or ``flush()``, or inside a ``stream()`` loop: there the pipeline
+        has fed one sample more than ``step()`` would have, and the result it has not handed out yet
+        is in the checkpoint and comes out first after loading; resume that stream from sample
+        ``fed``. Random layers (dropout) draw from their process's generator, which is not in it.
+        """
+        return self._checkpoint()
+
+    @_on_rank_0()
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Go on from ``state`` (made by ``state_dict``) exactly as the pipeline it came from would.
+
+        This pipeline must have the same depth, cut, grad mode, compensation, loss kind and sample
+        layout (a ``CheckpointError`` names what differs, with both values) and a model of the same
+        architecture, whose weights are replaced. It may be new or open; if its stages are running
+        they stop, and stages start from ``state`` at the next sample or ``flush()``. A ``state``
+        whose parts contradict each other (``check_contents``), or whose identity or cut does not
+        fit this pipeline, raises a ``CheckpointError`` before anything of this pipeline changes.
+        """
+        self._check_checkpoints()
+        expected = self._identity()
+        if isinstance(self._balance, int):
+            expected["balance"] = None  # cut where the checkpoint was cut
+        checkpoint.check_state(state, expected)
+        balance = state["identity"]["balance"]
+        try:  # the model's own children, cut where the checkpoint was cut
+            modules = split(self._model, balance)
+        except (TypeError, ValueError) as exc:
+            raise CheckpointError(f"the checkpoint's cut does not fit this model: {exc}") from exc
+        state = copy_tensors(dict(state))
+        if self._executor is not None:
+            self._executor.close()
+            self._executor = None
+            self._state.layout = None
+        if self._partition is None or list(self._partition.balance) != balance:
+            self._partition = Partition(tuple(balance))
+        checkpoint.load_weights(modules, state)
+        self._state = checkpoint.from_checkpoint(state)
+
+    @_on_rank_0()
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write ``state_dict()`` to ``path``, atomically: a crash leaves the previous file whole."""
+        checkpoint.save(self._checkpoint(), path)
+
+    @_on_rank_0()
+    def load(self, path: str | os.PathLike[str]) -> None:
+        """``load_state_dict`` of the checkpoint in ``path``, read by ``checkpoint.load``: a
+        ``CheckpointError`` names the file (a missing one raises ``FileNotFoundError``)."""
+        state = checkpoint.load(path)
+        try:
+            self.load_state_dict(state)
+        except CheckpointError as exc:
+            raise CheckpointError(f"{path}: {exc}") from exc.__cause__
 
     # -- internals ------------------------------------------------------------------------------
 
-    @staticmethod
-    def _check_devices(devices: Sequence[Any] | None, depth: int, executor: str) -> list[str]:
-        if devices is None:
-            return ["cpu"] * depth
-        devices = [str(torch.device(d)) for d in devices]
-        if len(devices) != depth:
-            raise ValueError(f"devices and stages differ in number (stages: {depth}, devices: {len(devices)})")
-        if executor == "distributed":
-            raise ValueError(f"the distributed executor puts stage r on rank r's device (cuda:LOCAL_RANK, or the CPU "
-                             f"without GPUs); leave devices=None, got {devices}")
-        if executor == "process" and any(d != "cpu" for d in devices):
-            raise ValueError(f"the process executor runs stages on the CPU only, got devices {devices}")
-        return devices
+    def _check_checkpoints(self) -> None:
+        if not self._executor_class.checkpoints:
+            raise NotImplementedError(
+                f"the {self._executor_class.__name__} cannot take or load checkpoints; "
+                "the inline, process and distributed executors can"
+            )
+        if self._failure is not None or self._status == "closed":
+            self._check_open()
+
+    def _identity(self) -> dict[str, Any]:
+        return checkpoint.identity_of(self._state, self._config, None if self._partition is None else
+                                   self._partition.balance)
+
+    def _checkpoint(self) -> dict[str, Any]:
+        """``state_dict()`` on rank 0."""
+        self._check_checkpoints()
+        if self._state.resume is not None:  # loaded and not started yet: that is the state
+            return copy_tensors(self._state.resume)
+        if self._executor is None:
+            if self._partition is None:
+                raise CheckpointError(
+                    "no checkpoint before the cut is known: with balance=D the layers are timed on the "
+                    "first sample; pass balance=[...] or sample=, or take it after the first step"
+                )
+            executor_state = checkpoint.unstarted(split(copy.deepcopy(self._model), self._partition.balance),
+                                                  self._config)
+        else:
+            self._guard(self._executor.sync)
+            while len(self._state.held) < self._due():  # out of the pipeline, not handed out yet
+                self._state.held.append(self._guard(self._executor.next_result))
+            executor_state = self._guard(self._executor.state_dict)
+        return checkpoint.to_checkpoint(self._state, self._identity(), executor_state)
 
     def _plan(self, sample: Any) -> Partition:
         """The partition, timing layers (if it must) with the thread count each stage will have."""
@@ -337,80 +432,67 @@ class Pipeline(Checkpoints):
                 f"this pipeline was opened by process {self._pid}; this process ({os.getpid()}), made from it by "
                 "os.fork(), cannot use it (its workers belong to that process): make a new Pipeline here"
             )
-        if self._state == "new":
+        if self._status == "new":
             raise PipelineClosedError("the pipeline is not open: use `with pipe:` (or pipe.open())")
         if self._failure is not None:
             raise PipelineClosedError(f"the pipeline stopped after an error: {self._failure}")
-        if self._state == "closed":
+        if self._status == "closed":
             raise PipelineClosedError("the pipeline is closed; make a new one")
 
-    def _check_sample(self, index: int, x: Any, y: Any) -> None:
-        spec = spec_of(x, f"sample {index}")
-        if self._x_spec is None:
-            self._x_spec = spec
-        else:
-            check_like(x, self._x_spec, f"sample {index}")
-        supervised = self._supervised
-        if supervised is None:  # the loss's signature does not say: the first target decides
-            supervised = self._supervised = y is not None
-            self._config.supervised = supervised
-        if supervised and y is None:
-            raise ValueError(f"loss_fn takes a target, but sample {index} came without one (pass y= or ys=)")
-        if not supervised and y is not None:
-            what = "this pipeline has no loss" if not self.learning else "loss_fn takes no target"
-            raise ValueError(f"sample {index} came with a target, but {what}")
-        if y is not None:
-            if self._y_spec is None:
-                self._y_spec = spec_of(y, f"target of sample {index}")
-            else:
-                check_like(y, self._y_spec, f"target of sample {index}")
+    def _running(self, x: Any, y: Any) -> Executor:
+        """The executor; started first, from sample ``x`` (and target ``y``) or the loaded
+        checkpoint, if it is not running yet."""
+        return self._guard(self._start, x, y) if self._executor is None else self._executor
 
-    def _start(self, x: Any, y: Any) -> None:
+    def _start(self, x: Any, y: Any) -> Executor:
         """Fix the partition and every boundary's layout from the first sample (or the loaded
         checkpoint); start the executor."""
-        self._config.supervised = bool(self._supervised)
+        state = self._state
+        self._config.supervised = bool(state.supervised)
         if self._partition is None:
             self._partition = self._plan(x)
             log.info("balanced: %s", self._partition)
         stages = split(self._model, self._partition.balance)
-        resume, self._resume = self._resume, None
-        layout = _layout(stages, x, self._y_spec) if resume is None else layout_from_plain(resume["layout"])
-        self._executor_layout = layout
-        self._executor = self._executor_class(stages, self._devices, self._config, self._threads, self._timeout)
-        self._guard(self._executor.start, layout, *([] if resume is None else [resume]))
+        resume, state.resume = state.resume, None
+        layout = _layout(stages, x, state.y_spec) if resume is None else layout_from_plain(resume["layout"])
+        state.layout = layout
+        self._executor = executor = self._executor_class(stages, self._devices, self._config, self._threads,
+                                                         self._timeout)
+        if resume is None:
+            self._guard(executor.start, layout)
+        else:
+            self._guard(executor.start, layout, resume)
+        return executor
 
     def _feed(self, x: Any, y: Any) -> None:
         """Offer one sample: run one tick, without taking its result."""
         self._check_open()
-        index = self._next_index
+        index = self._state.next_index
         try:
-            self._check_sample(index, x, y)
+            self._state.check_sample(index, x, y, self.learning)
             bad = nonfinite(x)
             if bad is not None and self._config.nonfinite == "raise":
                 raise ValueError(f"sample {index} is not finite: {bad}; pass nonfinite='skip' to drop such samples")
         except (TypeError, ValueError):
-            self._next_index += 1  # a refused sample uses up its index (see the class docstring)
+            self._state.next_index += 1  # a refused sample uses up its index (see the class docstring)
             raise
-        if self._executor is None:
-            self._guard(self._start, x, y)
+        executor = self._running(x, y)
         # a skipped sample goes in as a hole (None): the stages compute nothing on it
-        self._guard(self._executor.feed, index, None if bad is not None else x, y)
-        if y is not None:
-            self._given.append((index, copy_tensors(y)))
-        self._next_index += 1
-        self._in_segment += 1
+        self._guard(executor.feed, index, None if bad is not None else x, y)
+        self._state.fed(index, y)
 
     def _due(self) -> int:
         """How many results have left the pipeline and not been handed out."""
-        return max(0, self._in_segment - (self.depth - 1)) - self._taken
+        return self._state.due(self.depth)
 
     def _take(self) -> Result:
-        result = self._held.popleft() if self._held else self._guard(self._executor.next_result)
-        self._taken += 1
-        while self._given and self._given[0][0] < result.index:  # not in flight any more (a checkpoint dropped it)
-            self._given.popleft()
-        if self._given and self._given[0][0] == result.index:
-            result.target = self._given.popleft()[1]
+        state = self._state
+        if state.held:
+            result = state.held.popleft()
+        else:
+            assert self._executor is not None, "no result is held, so the executor has started"
+            result = self._guard(self._executor.next_result)
+        state.handed_out(result)
         if self._config.nonfinite == "skip":
             self._note_skip(result)
         return result
@@ -428,10 +510,10 @@ class Pipeline(Checkpoints):
         elif skipped <= SKIP_SHARE * SKIP_WINDOW / 2:
             self._warned_skips = False  # recovered: warn again if it happens again
 
-    def _guard(self, fn, *args):
+    def _guard(self, fn: Callable[_P, _R], *args: _P.args, **kwargs: _P.kwargs) -> _R:
         """Call into the executor; on a stage's failure close everything, then re-raise."""
         try:
-            return fn(*args)
+            return fn(*args, **kwargs)
         except BaseException as exc:
             if isinstance(exc, StageError):
                 self._failure = str(exc).splitlines()[0]

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .executors.base import Result
+from .layout import Result
 from .stage import Stage
 
 

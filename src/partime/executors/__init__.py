@@ -2,30 +2,29 @@
 
 from __future__ import annotations
 
+from importlib import import_module
+
 from .base import Executor, Layout, Result
 
-EXECUTORS = ("inline", "process", "thread", "distributed")
+REGISTRY = {
+    "inline": "inline:InlineExecutor",
+    "process": "process:ProcessExecutor",
+    "thread": "thread:ThreadExecutor",
+    "distributed": "distributed:DistributedExecutor",
+}
+"""Each executor's name and where its class is (``module:Class`` in this package); a module is
+imported only when a pipeline chooses its executor."""
+
+EXECUTORS = tuple(REGISTRY)
 
 
 def executor_class(name: str) -> type[Executor]:
     """The executor called ``name``; a ValueError listing the choices for any other name."""
-    if name == "inline":
-        from .inline import InlineExecutor
-
-        return InlineExecutor
-    if name == "process":
-        from .process import ProcessExecutor
-
-        return ProcessExecutor
-    if name == "thread":
-        from .thread import ThreadExecutor
-
-        return ThreadExecutor
-    if name == "distributed":
-        from .distributed import DistributedExecutor
-
-        return DistributedExecutor
-    raise ValueError(f"unknown executor {name!r}; choose one of {', '.join(EXECUTORS)}")
+    if not isinstance(name, str) or name not in REGISTRY:
+        raise ValueError(f"unknown executor {name!r}; choose one of {', '.join(EXECUTORS)}")
+    module, cls = REGISTRY[name].split(":")
+    found: type[Executor] = getattr(import_module(f".{module}", __name__), cls)
+    return found
 
 
 __all__ = ["EXECUTORS", "Executor", "Layout", "Result", "executor_class"]

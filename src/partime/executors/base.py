@@ -15,6 +15,10 @@ The life of an executor::
     ex.sync()                 # every stage has finished every tick offered so far
     ex.close()                # stop, join, free; always safe to call, also after a failure
 
+Before an executor is made, its class answers for it: ``check_devices`` (which devices it takes),
+``rank`` (which rank this process is) and, for ranks other than the caller's, ``serve`` and
+``cancel``; the defaults are those of an executor that runs every stage from the caller's process.
+
 An executor that can take checkpoints (``checkpoints = True``) also has ``state_dict()``,
 asked between two ticks once every stage has finished them (after ``sync``), and takes that
 state back as ``start(layout, state)``. The state is the same for every executor, so that a
@@ -34,62 +38,74 @@ from __future__ import annotations
 import time
 import traceback as tb
 from abc import ABC, abstractmethod
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar
 
-from torch import Tensor, nn
+import torch
+from torch import nn
 
 from ..errors import StageError
+from ..layout import Layout, Result
 from ..stage import StageConfig
-from ..values import ValueSpec
 
 LOOKAHEAD = 1
 """How many ticks ``Pipeline.stream`` offers beyond the result it hands out next: the stages then
 never wait for the caller between two ticks. Executors size their caller-side buffers for it."""
 
 
-@dataclass
-class Result:
-    """What one sample yields: its index, the pipeline's output and, when learning, its loss.
-
-    ``skipped`` under ``nonfinite="skip"``: the sample did not take part in learning. Its input
-    was not finite (then ``output`` and ``loss`` are None: it never went forward), or its loss
-    was not finite (then both are there, and no gradient was applied for it). ``target`` is the
-    sample's target (a copy) when one was given, so that a result can be scored on its own.
-    """
-
-    index: int
-    output: Tensor | tuple[Tensor, ...] | None
-    loss: float | None = None
-    skipped: bool = False
-    target: Tensor | tuple[Tensor, ...] | None = None
-
-
-@dataclass(frozen=True)
-class Layout:
-    """The layout of every boundary, learnt from the first sample (and its target)."""
-
-    input: ValueSpec
-    activations: tuple[ValueSpec, ...]  # the output of stage i, for i < D - 1
-    output: ValueSpec
-    target: ValueSpec | None
-
-    def into(self, stage: int) -> ValueSpec:
-        """The layout of what stage ``stage`` takes in: the sample, or the previous stage's output."""
-        return self.input if stage == 0 else self.activations[stage - 1]
-
-
 class Executor(ABC):
     """Runs ``stages`` (one module each, on ``devices``) as one pipeline configured by ``config``."""
 
-    checkpoints: bool = False
+    checkpoints: ClassVar[bool] = False
     """Whether this executor has ``state_dict`` and takes a state in ``start``."""
 
-    has_workers: bool = False
+    has_workers: ClassVar[bool] = False
     """Whether it runs the stages in workers of its own (processes, threads), which ``close`` stops."""
 
-    def __init__(self, stages: list[nn.Module], devices: list[str], config: StageConfig, threads: int | None,
+    cpu_only: ClassVar[bool] = False
+    """Whether it runs every stage on the CPU (``check_devices`` refuses any other device)."""
+
+    # -- what the class says before any pipeline runs on it --------------------------------------
+
+    @classmethod
+    def check_devices(cls, devices: Sequence[str | torch.device] | None, depth: int) -> list[str]:
+        """The device of each of ``depth`` stages (the CPU for every stage when ``devices`` is None),
+        or a ValueError that says what this executor accepts."""
+        if devices is None:
+            return ["cpu"] * depth
+        names = [str(torch.device(d)) for d in devices]
+        if len(names) != depth:
+            raise ValueError(f"devices and stages differ in number (stages: {depth}, devices: {len(names)})")
+        if cls.cpu_only and any(d != "cpu" for d in names):
+            raise ValueError(f"the {cls.kind()} executor runs stages on the CPU only, got devices {names}")
+        return names
+
+    @classmethod
+    def kind(cls) -> str:
+        """The name a pipeline is given to choose this executor (``executor="process"``)."""
+        return cls.__name__.removesuffix("Executor").lower()
+
+    @staticmethod
+    def rank(depth: int) -> int:
+        """Which rank of the pipeline this process is: 0, the one that feeds the samples and takes
+        the results, for an executor that runs every stage from the caller's process.
+
+        The distributed executor runs one stage per rank and answers this process's rank; on a
+        rank > 0 the pipeline reads no stream and ``serve`` runs that rank's stage instead."""
+        return 0
+
+    @staticmethod
+    def serve(rank: int, model: nn.Sequential, config: StageConfig, threads: int) -> None:
+        """Run stage ``rank`` (> 0) of the pipeline that rank 0 runs, until rank 0 closes it."""
+        raise NotImplementedError("this executor runs every stage from rank 0; no other rank serves one")
+
+    @staticmethod
+    def cancel(failure: str | None) -> None:
+        """Rank 0 closes (after ``failure``, if any) before its first sample: nothing to tell other ranks."""
+
+    # -- the life of one executor -----------------------------------------------------------------
+
+    def __init__(self, stages: list[nn.Sequential], devices: list[str], config: StageConfig, threads: int | None,
                  timeout: float | None = None):
         self.stages = stages
         self.devices = devices
@@ -99,11 +115,11 @@ class Executor(ABC):
         self.depth = len(stages)
 
     @abstractmethod
-    def start(self, layout: Layout) -> None:
+    def start(self, layout: Layout, state: dict[str, Any] | None = None) -> None:
         """Get ready to run; called once, before the first ``feed``.
 
-        An executor with ``checkpoints`` takes ``start(layout, state)``: then it resumes from
-        ``state`` (see the module docstring).
+        An executor with ``checkpoints`` may be given a ``state``: then it resumes from it (see the
+        module docstring). Others are never given one.
         """
 
     def state_dict(self) -> dict[str, Any]:
@@ -151,3 +167,6 @@ def stage_error(stage: int, sample: int | None, phase: str, exc: BaseException) 
     """The error a failure of ``stage`` in ``phase`` of ``sample`` surfaces as."""
     text = "".join(tb.format_exception(type(exc), exc, exc.__traceback__))
     return StageError(stage, sample, phase, f"{type(exc).__name__}: {exc}", text)
+
+
+__all__ = ["LOOKAHEAD", "Executor", "Layout", "Result", "stage_error", "with_deadline"]

@@ -151,6 +151,15 @@ class DistributedExecutor(Executor):
     checkpoints = True
     has_workers = True
 
+    @classmethod
+    def check_devices(cls, devices: Sequence[str | torch.device] | None, depth: int) -> list[str]:
+        """Stage r runs on rank r's device: ``devices`` must be None."""
+        names = super().check_devices(devices, depth)
+        if devices is not None:
+            raise ValueError(f"the distributed executor puts stage r on rank r's device (cuda:LOCAL_RANK, or the CPU "
+                             f"without GPUs); leave devices=None, got {names}")
+        return names
+
     def start(self, layout: Layout, state: dict[str, Any] | None = None) -> None:
         depth, config = self.depth, self.config
         self._run = run = Run(0, depth)

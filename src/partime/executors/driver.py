@@ -8,8 +8,9 @@ checkpoint), and a failure or a timeout can be placed: the caller knows every ti
 each stage's finished ticks, and the sample of each (``work_at``). What a subclass gives:
 
 - in ``start``: ``_permits`` and ``_ticks`` (one semaphore each per stage), ``_feeder``
-  (``worker.Feeder`` over the input and target links), ``_results`` (the last stage's result
-  link), ``_layout``, ``_ready`` (whether each worker has built its stage), and ``begin()``;
+  (``worker.Feeder`` over the input and target links), ``_targets`` and ``_results`` (the last
+  stage's links), ``_layout``, ``_ready`` (whether each worker has built its stage), and
+  ``begin()``; then ``stage_links`` gives each stage its links;
 - ``_check()``: raise a worker's failure, if there is one; ``_describe(i)``: stage ``i``'s worker in
   words (its pid, its thread);
 - ``start``, ``state_dict`` and ``close``.
@@ -18,14 +19,20 @@ each stage's finished ticks, and the sample of each (``work_at``). What a subcla
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .. import schedule
 from ..errors import StageTimeoutError
 from ..transport import wait
-from ..worker import Feeder, result_of
+from ..worker import Feeder, Link, Links, result_of
 from .base import Executor, Layout, Result, with_deadline
+
+CAPACITY = 2
+"""Messages a link between stages holds: one being read while the next is written."""
+
+JOIN_S = 5.0
+"""How long ``close`` waits for the workers to leave (then a process is killed, a thread left)."""
 
 
 class Driver(Executor):
@@ -37,7 +44,8 @@ class Driver(Executor):
     _permits: list[Any]
     _ticks: list[Any]
     _feeder: Feeder
-    _results: Any
+    _targets: Link | None
+    _results: Link
     _layout: Layout
     _ready: list[bool]
 
@@ -50,6 +58,19 @@ class Driver(Executor):
         self._segment: list[Any] | None = None
         self._fed_at: deque[tuple[int, int]] = deque(maxlen=2 * self.depth + 8)  # (tick, sample) of the newest
         self._stuck: set[int] = set()  # stages found behind by a timeout: ``close`` stops them at once
+
+    def stage_links(self, i: int, acts: Sequence[Link], grads: Sequence[Link]) -> Links:
+        """Stage ``i``'s links: ``acts[i]`` into it (the samples, for stage 0), ``acts[i + 1]`` out of it,
+        the gradients ``grads[i]`` in and ``grads[i - 1]`` out (when learning), and at the last stage
+        the targets and results; its permits and its count of finished ticks."""
+        last, learning = i == self.depth - 1, self.config.learning
+        return Links(
+            index=i, layout=self._layout, act_in=acts[i], act_out=None if last else acts[i + 1],
+            grad_in=grads[i] if learning and not last else None,
+            grad_out=grads[i - 1] if learning and i > 0 else None,
+            targets=self._targets if last else None, results=self._results if last else None,
+            permits=self._permits[i], ticks=self._ticks[i],
+        )
 
     def feed(self, index: int, x: Any, y: Any) -> None:
         """Offer sample ``index``; ``x`` None is a skipped sample: a hole, sent without a target."""

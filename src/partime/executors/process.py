@@ -79,15 +79,11 @@ from ..worker import (
     stage_resume,
 )
 from .base import LOOKAHEAD, Layout, with_deadline
-from .driver import Driver
+from .driver import CAPACITY, JOIN_S, Driver
 
 log = logging.getLogger(__name__)
 
-CAPACITY = 2
-"""Slots per channel between stages: one being read while the next is written."""
 
-JOIN_S = 5.0
-"""How long ``close`` waits for a worker to leave before it kills it."""
 
 START_S = 60.0
 """The least time the caller gives the workers to start (a fresh interpreter imports torch and
@@ -151,6 +147,8 @@ class _Worker:
 class ProcessExecutor(Driver):
     """Runs each stage in its own process; see the module docstring."""
 
+    cpu_only = True
+
     def start(self, layout: Layout, state: dict[str, Any] | None = None) -> None:
         ctx = mp.get_context("spawn")
         depth, learning = self.depth, self.config.learning
@@ -183,17 +181,10 @@ class ProcessExecutor(Driver):
         config = cloudpickle.dumps(self.config)
         self._procs: list[Any] = []
         for i, module in enumerate(self.stages):
-            last = i == depth - 1
             module.share_memory()  # the caller reads the trained weights in place
-            links = Links(
-                index=i, layout=layout, act_in=acts[i], act_out=None if last else acts[i + 1],
-                grad_in=grads[i] if learning and not last else None,
-                grad_out=grads[i - 1] if learning and i > 0 else None,
-                targets=self._targets if last else None, results=self._results if last else None,
-                permits=self._permits[i], ticks=self._ticks[i],
-            )
+            links = self.stage_links(i, acts, grads)
             resume = None if state is None else to_bytes(stage_resume(state, i))
-            worker = _Worker(_ByValue(module), config, self.threads, links, self._stop, os.getpid(),
+            worker = _Worker(_ByValue(module), config, self.threads or 1, links, self._stop, os.getpid(),
                              self._asks[i], pipes[i][1], resume)
             proc = ctx.Process(target=_work, args=(worker,), name=f"partime-stage-{i}", daemon=True)
             self._procs.append(proc)
@@ -258,8 +249,10 @@ class ProcessExecutor(Driver):
             sem.unlink()
         for channel in self._channels:
             channel.unlink()
-        self._channels = self._inputs = self._targets = self._results = self._feeder = None
-        self._permits = self._ticks = self._asks = self._reports = []
+        # ... and of the shared memory, which goes with the last process that maps it
+        del self._inputs, self._results, self._feeder
+        self._channels, self._targets = [], None
+        self._permits, self._ticks, self._asks, self._reports = [], [], [], []
 
     def _check(self) -> None:
         """Called while the caller waits: raise a worker's failure, if there is one."""
@@ -304,7 +297,7 @@ def _main_not_rerun() -> Iterator[None]:
     if main is None:
         yield
         return
-    saved = {key: main.__dict__[key] for key in ("__file__", "__spec__") if key in main.__dict__}
+    saved: dict[str, Any] = {key: main.__dict__[key] for key in ("__file__", "__spec__") if key in main.__dict__}
     main.__dict__.pop("__file__", None)
     main.__dict__["__spec__"] = None
     try:

@@ -58,16 +58,12 @@ from ..worker import (
     stage_resume,
 )
 from .base import LOOKAHEAD, Layout, stage_error
-from .driver import Driver
+from .driver import CAPACITY, JOIN_S, Driver
 from .link import Permits
 
 log = logging.getLogger(__name__)
 
-CAPACITY = 2
-"""Messages a link holds: one being read while the next is written."""
 
-JOIN_S = 5.0
-"""How long ``close`` waits for the threads to leave."""
 
 
 class Handoff:
@@ -101,6 +97,8 @@ class Handoff:
 class ThreadExecutor(Driver):
     """Runs each stage in a thread of the caller's process; see the module docstring."""
 
+    cpu_only = True  # until the CUDA streams of the module docstring are written
+
     def start(self, layout: Layout, state: dict[str, Any] | None = None) -> None:
         depth, learning = self.depth, self.config.learning
         self._layout = layout
@@ -126,14 +124,7 @@ class ThreadExecutor(Driver):
         self._ready = [True] * depth
         self._threads: list[threading.Thread] = []
         for i, stage in enumerate(self._stages):
-            last = i == depth - 1
-            links = Links(
-                index=i, layout=layout, act_in=acts[i], act_out=None if last else acts[i + 1],
-                grad_in=grads[i] if learning and not last else None,
-                grad_out=grads[i - 1] if learning and i > 0 else None,
-                targets=self._targets if last else None, results=self._results if last else None,
-                permits=self._permits[i], ticks=self._ticks[i],
-            )
+            links = self.stage_links(i, acts, grads)
             first, tick = links, 0
             if state is not None:
                 try:

@@ -1,0 +1,41 @@
+"""What travels between the pipeline, its executors and their workers: every boundary's
+``Layout`` and each sample's ``Result`` (internal module, below ``executors``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import Tensor
+
+from .values import ValueSpec
+
+
+@dataclass
+class Result:
+    """What one sample yields: its index, the pipeline's output and, when learning, its loss.
+
+    ``skipped`` under ``nonfinite="skip"``: the sample did not take part in learning. Its input
+    was not finite (then ``output`` and ``loss`` are None: it never went forward), or its loss
+    was not finite (then both are there, and no gradient was applied for it). ``target`` is the
+    sample's target (a copy) when one was given, so that a result can be scored on its own.
+    """
+
+    index: int
+    output: Tensor | tuple[Tensor, ...] | None
+    loss: float | None = None
+    skipped: bool = False
+    target: Tensor | tuple[Tensor, ...] | None = None
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The layout of every boundary, learnt from the first sample (and its target)."""
+
+    input: ValueSpec
+    activations: tuple[ValueSpec, ...]  # the output of stage i, for i < D - 1
+    output: ValueSpec
+    target: ValueSpec | None
+
+    def into(self, stage: int) -> ValueSpec:
+        """The layout of what stage ``stage`` takes in: the sample, or the previous stage's output."""
+        return self.input if stage == 0 else self.activations[stage - 1]
