@@ -37,7 +37,7 @@ from .checkpoint import message as transit_message
 from .layout import Layout, Result
 from .stage import Stage
 from .tick import backward_half, forward_half
-from .transport import KIND_DATA, KIND_END, KIND_SKIP, Message, wait
+from .transport import KIND_DATA, KIND_END, KIND_SKIP, SPIN_S, Message, wait
 from .values import ValueSpec, as_tensors, rebuild
 
 
@@ -76,6 +76,7 @@ class Links:
     results: Link | None = None  # last stage
     permits: Gate | None = None  # released once per tick the caller offers, if gated
     ticks: Gate | None = None  # released by the worker once per finished tick, if counted
+    spin_s: float = SPIN_S  # how long a wait for a permit spins before it blocks (0: threads under one GIL)
 
 
 class Where:
@@ -359,7 +360,7 @@ def _put_result(link: Any, result: Result, check: Callable[[], None]) -> None:
 
 def _start_tick(links: Links, check: Callable[[], None]) -> None:
     if links.permits is not None:
-        wait(links.permits, check)
+        wait(links.permits, check, links.spin_s)
 
 
 def _end_tick(links: Links) -> None:
