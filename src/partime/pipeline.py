@@ -168,7 +168,7 @@ class Pipeline:
             raise ValueError(f"timeout must be a number of seconds above 0, or None to wait for ever; got {timeout!r}")
         self._timeout = None if timeout is None else float(timeout)
         self._threads = threads if threads is not None else max(1, (os.cpu_count() or 1) // depth)
-        if executor == "process" and depth > (os.cpu_count() or 1):
+        if self._executor_class.on_this_host and depth > (os.cpu_count() or 1):
             log.warning("%d stages on %d cores: stages will share cores, and the pipeline will not run "
                         "%d times faster", depth, os.cpu_count(), depth)
         self._model = copy.deepcopy(model)  # the pipeline's own: the caller's model is never changed
@@ -176,7 +176,7 @@ class Pipeline:
         self._config = StageConfig(depth, loss_fn, optimizer, grad_mode, False, check_compensation(compensation),
                                    nonfinite=nonfinite)
         check_optimizer_factory(optimizer, self._config.compensation)
-        self._sigterm = SigtermGuard() if executor == "process" else None
+        self._sigterm = SigtermGuard() if self._executor_class.child_processes else None
         self._state = PipelineState(supervised=takes_target(loss_fn) if loss_fn is not None else False)
         self._partition: Partition | None = None
         if not isinstance(balance, int) or sample is not None:

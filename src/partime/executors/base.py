@@ -65,6 +65,13 @@ class Executor(ABC):
     cpu_only: ClassVar[bool] = False
     """Whether it runs every stage on the CPU (``check_devices`` refuses any other device)."""
 
+    on_this_host: ClassVar[bool] = False
+    """Whether its workers share this machine's cores (more stages than cores is then worth a warning)."""
+
+    child_processes: ClassVar[bool] = False
+    """Whether its workers are child processes of the caller (SIGTERM then closes the pipeline:
+    ``partime.signals``)."""
+
     # -- what the class says before any pipeline runs on it --------------------------------------
 
     @classmethod

@@ -9,7 +9,7 @@ and ``flush`` return results there; the last rank sends them back::
                   stage 0 ◄──g── stage 1 ◄──g── … ◄──g── stage D-1 ◄──target── caller (rank 0)
     caller ──permits (learning), snapshot requests──► every rank ──weights──► caller
 
-Each stage runs ``worker.run_segment``, the loop the process executor's workers run: on rank 0 in a
+Each stage runs ``worker.run_stage``, the loop the process executor's workers run: on rank 0 in a
 thread beside the caller (which only feeds samples and takes results), on the other ranks in the
 script's own thread, inside ``Pipeline.open`` (``with pipe:``), until rank 0 closes the pipeline.
 There ``stream`` then yields nothing, ``step`` returns None and ``flush`` []. When learning, a
@@ -72,7 +72,7 @@ from ..worker import (
     executor_state,
     result_of,
     resume,
-    run_segment,
+    run_stage,
     stage_answer,
     stage_resume,
 )
@@ -204,9 +204,7 @@ class DistributedExecutor(Executor):
         health, where, stage = self._run.health, Where(), self._stage
         try:
             torch.set_num_threads(self.threads)
-            run_segment(stage, first, health.stop_check, where, tick=tick, sent=self._sent)
-            while True:
-                run_segment(stage, links, health.stop_check, where, sent=self._sent)
+            run_stage(stage, links, health.stop_check, where, self._sent, first=first, tick=tick)
         except Aborted:
             pass
         except BaseException as exc:  # noqa: BLE001 - every failure reaches the caller as data
@@ -385,9 +383,7 @@ class DistributedExecutor(Executor):
                 where.phase = "resume"
                 state = from_bytes(run.store.get(run.prefix + f"resume {rank}"))
                 first, tick = resume(stage, links, state)
-            run_segment(stage, first, health.stop_check, where, tick=tick, sent=sent)
-            while True:
-                run_segment(stage, links, health.stop_check, where, sent=sent)
+            run_stage(stage, links, health.stop_check, where, sent, first=first, tick=tick)
         except Aborted:
             pass
         except BaseException as exc:  # noqa: BLE001 - published, then raised below

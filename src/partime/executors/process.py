@@ -148,6 +148,8 @@ class ProcessExecutor(Driver):
     """Runs each stage in its own process; see the module docstring."""
 
     cpu_only = True
+    on_this_host = True
+    child_processes = True
 
     def start(self, layout: Layout, state: dict[str, Any] | None = None) -> None:
         ctx = mp.get_context("spawn")

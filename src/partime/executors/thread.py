@@ -117,6 +117,7 @@ class ThreadExecutor(Driver):
     """Runs each stage in a thread of the caller's process; see the module docstring."""
 
     cpu_only = True  # until the CUDA streams of the module docstring are written
+    on_this_host = True
 
     def start(self, layout: Layout, state: dict[str, Any] | None = None) -> None:
         depth, learning = self.depth, self.config.learning
