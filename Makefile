@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test bench clean
+.PHONY: install demo check test bench clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -17,7 +17,12 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/partime demo
 
-test: $(STAMP)
+check: $(STAMP)
+	$(BIN)/ruff check src tests examples docs
+	$(BIN)/ruff format --check src tests examples docs
+	$(BIN)/mypy
+
+test: check
 	$(BIN)/python -m pytest -q
 
 bench: $(STAMP)

@@ -9,15 +9,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from models import classification_stream, mlp
 from torch import nn
 
 import partime
 from partime import CheckpointError, checkpoint
-
 from partime.executors import executor_class
 from partime.executors.inline import InlineExecutor
-
-from models import classification_stream, mlp
 
 BALANCES = {1: [7], 2: [3, 4], 3: [2, 3, 2]}
 OPTIMIZERS = {

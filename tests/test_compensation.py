@@ -2,14 +2,21 @@
 
 import pytest
 import torch
+from models import classification_stream, mlp
 from torch import nn
 
 import partime
-from partime.compensation import (DELAY_CORRECTION_FLOOR, DelayCorrection, StepSizeScale, WeightPredictor,
-                                  check_compensation, delay, output_units, scale_step_size)
+from partime.compensation import (
+    DELAY_CORRECTION_FLOOR,
+    DelayCorrection,
+    StepSizeScale,
+    WeightPredictor,
+    check_compensation,
+    delay,
+    output_units,
+    scale_step_size,
+)
 from partime.stage import Stage, StageConfig
-
-from models import classification_stream, mlp
 
 
 def test_delays_of_the_stages():

@@ -16,13 +16,21 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
+from models import (
+    CONV_BALANCES,
+    Join,
+    Pair,
+    classification_stream,
+    conv_net,
+    mlp,
+    reconstruction_loss,
+    strided_frames,
+)
+from test_nonfinite import scaled_loss
+from test_nonfinite import stream as nonfinite_stream
 from torch import nn
 
 import partime
-
-from models import CONV_BALANCES, Join, Pair, classification_stream, conv_net, mlp, reconstruction_loss, strided_frames
-from test_nonfinite import scaled_loss
-from test_nonfinite import stream as nonfinite_stream
 
 BALANCES = {2: [3, 4], 3: [2, 3, 2]}
 TUPLE_BALANCES = {2: [2, 2], 3: [2, 1, 1]}  # the first boundary carries a tuple
@@ -268,7 +276,7 @@ def test_inference_matches_inline_and_the_model(ranks):
     depth, seen = ranks
     xs, _ = classification_stream(SAMPLES)
     assert_same(seen["inference"], run("inline", mlp(), BALANCES[depth], xs))
-    results, params, partition = seen["balanced"]  # cut by timing on rank 0, the cut sent to every rank
+    results, _params, partition = seen["balanced"]  # cut by timing on rank 0, the cut sent to every rank
     assert partition.depth == depth
     model = mlp()
     with torch.no_grad():

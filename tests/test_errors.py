@@ -4,11 +4,11 @@ import multiprocessing
 
 import pytest
 import torch
+from models import classification_stream, mlp
 from torch import nn
 
 import partime
 
-from models import classification_stream, mlp
 
 def sgd(params):
     return torch.optim.SGD(params, lr=0.1)

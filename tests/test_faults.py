@@ -7,10 +7,16 @@ import time
 
 import psutil
 import pytest
+from faulty import (
+    TripLoss,
+    TripOptimizer,
+    shm_names,
+    still_there,
+    tagged_stream,
+    tripping_model,
+)
 
 import partime
-
-from faulty import TripLoss, TripOptimizer, shm_names, still_there, tagged_stream, tripping_model
 
 DEPTH = 3
 SAMPLE = 6

@@ -5,11 +5,10 @@ import os
 
 import psutil
 import torch
+from models import classification_stream, mlp
 from torch import nn
 
 import partime
-
-from models import classification_stream, mlp
 
 
 def inet_sockets(pid):
@@ -18,7 +17,7 @@ def inet_sockets(pid):
 
 def test_a_running_process_pipeline_holds_no_inet_socket():
     xs, ys = classification_stream(30)
-    sgd = lambda params: torch.optim.SGD(params, lr=0.1)  # noqa: E731
+    sgd = lambda params: torch.optim.SGD(params, lr=0.1)
     with partime.Pipeline(mlp(), [2, 3, 2], loss_fn=nn.CrossEntropyLoss(), optimizer=sgd, threads=1) as pipe:
         for x, y in zip(xs[:15], ys[:15]):
             pipe.step(x, y)

@@ -3,11 +3,10 @@ reported; the inline executor states it, the process executor matches it to the 
 
 import pytest
 import torch
+from models import classification_stream, mlp
 from torch import nn
 
 import partime
-
-from models import classification_stream, mlp
 
 BALANCES = {1: [7], 2: [3, 4], 3: [2, 3, 2]}
 

@@ -62,7 +62,7 @@ def _all_balances(n: int, depth: int) -> list[tuple[int, ...]]:
     out = []
     for cuts in itertools.combinations(range(1, n), depth - 1):
         edges = (0, *cuts, n)
-        out.append(tuple(b - a for a, b in zip(edges[:-1], edges[1:], strict=True)))
+        out.append(tuple(b - a for a, b in itertools.pairwise(edges)))
     return out
 
 
@@ -152,8 +152,8 @@ def test_check_balance_accepts(balance: int | list[int]) -> None:
             _five(),
             7,
             ValueError,
-            r"cannot cut 5 layers into 7 stages: a stage needs at least one layer "
-            r"\(balance: 7, layers: 5\)",
+            (r"cannot cut 5 layers into 7 stages: a stage needs at least one layer "
+            r"\(balance: 7, layers: 5\)"),
         ),
         (_five(), 0, ValueError, r"cannot cut 5 layers into 0 stages.*\(balance: 0, layers: 5\)"),
         (_five(), -2, ValueError, r"into -2 stages"),
@@ -165,8 +165,8 @@ def test_check_balance_accepts(balance: int | list[int]) -> None:
             _five(),
             [2, 2],
             ValueError,
-            r"balance and number of layers differ "
-            r"\(layers: 5, sum of balance: 4, balance: \[2, 2\]\)",
+            (r"balance and number of layers differ "
+            r"\(layers: 5, sum of balance: 4, balance: \[2, 2\]\)"),
         ),
         (_five(), [3, 3], ValueError, r"\(layers: 5, sum of balance: 6, balance: \[3, 3\]\)"),
         (

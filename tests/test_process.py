@@ -4,11 +4,10 @@ import multiprocessing
 
 import pytest
 import torch
+from models import Join, Pair, classification_stream, mlp, reconstruction_loss
 from torch import nn
 
 import partime
-
-from models import Join, Pair, classification_stream, mlp, reconstruction_loss
 
 BALANCES = {1: [7], 2: [3, 4], 3: [2, 3, 2]}
 OPTIMIZERS = {

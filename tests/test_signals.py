@@ -91,7 +91,7 @@ def test_a_signal_to_the_caller_ends_it_with_its_workers_and_shared_memory(signu
 
 def test_sigterm_is_taken_only_while_a_process_pipeline_is_open_and_never_from_the_program():
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
-    xs, ys = tagged_stream(3, 2)
+    xs, _ys = tagged_stream(3, 2)
     with partime.Pipeline(tripping_model(2), [2, 2], threads=1) as pipe:
         assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
         pipe.step(xs[0])

@@ -9,14 +9,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch import nn
-
-import partime
-
 from faulty import TripLoss, TripOptimizer, tagged_stream, tripping_model
 from models import classification_stream, mlp
 from test_nonfinite import scaled_loss, stream
 from test_process import BALANCES, OPTIMIZERS, assert_same, run
+from torch import nn
+
+import partime
 
 TESTS = Path(__file__).parent
 

@@ -154,7 +154,12 @@ def from_checkpoint(checkpoint: Mapping[str, Any]) -> PipelineState:
         state.held.extend(Result(h["index"], None if h["output"] is None else rebuild(output, tuple(h["output"])),
                                  h["loss"], skipped=h["skipped"]) for h in checkpoint["held"])
         state.resume = dict(checkpoint)
-    state.given.extend((g["sample"], rebuild(state.y_spec, tuple(g["tensors"]))) for g in checkpoint.get("given", ()))
+    given = checkpoint.get("given", ())
+    if given:
+        y_spec = state.y_spec
+        if y_spec is None:
+            raise CheckpointError(f"damaged checkpoint: it has {len(given)} targets given but no identity.target")
+        state.given.extend((g["sample"], rebuild(y_spec, tuple(g["tensors"]))) for g in given)
     return state
 
 

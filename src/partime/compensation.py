@@ -224,13 +224,13 @@ class DelayCorrection:
         """Scale the gradients in ``.grad`` for the steps taken since ``anchor``; the factors."""
         factors = []
         for group in self.groups:
-            group = [i for i in group if self.params[i].grad is not None]
-            if not group:
+            grads = [(i, grad) for i in group if (grad := self.params[i].grad) is not None]
+            if not grads:
                 continue
-            moved = sum(_per_row(self.params[i].grad * (self.params[i] - anchor[i])) for i in group)
+            terms = [_per_row(grad * (self.params[i] - anchor[i])) for i, grad in grads]
+            moved = sum(terms[1:], terms[0])  # a tensor: with a start, sum() never gives its 0
             factor = (1.0 + self.strength * moved).clamp_(DELAY_CORRECTION_FLOOR, 1.0)
-            for i in group:
-                grad = self.params[i].grad
+            for _, grad in grads:
                 grad.mul_(factor.reshape(-1, *([1] * (grad.dim() - 1))) if grad.dim() else factor[0])
             factors.append(factor)
         return factors

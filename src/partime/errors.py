@@ -28,7 +28,7 @@ class StageError(RuntimeError):
             text += "\n\nOriginal traceback (in the stage):\n" + traceback.rstrip()
         super().__init__(text)
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[type[StageError], tuple[int, int | None, str, str, str]]:
         return (type(self), (self.stage, self.sample, self.phase, self.message, self.traceback))
 
 

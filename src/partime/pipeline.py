@@ -401,7 +401,8 @@ class Pipeline:
         """``state_dict()`` on rank 0."""
         self._check_checkpoints()
         if self._state.resume is not None:  # loaded and not started yet: that is the state
-            return copy_tensors(self._state.resume)
+            resume: dict[str, Any] = copy_tensors(self._state.resume)
+            return resume
         if self._executor is None:
             if self._partition is None:
                 raise CheckpointError(

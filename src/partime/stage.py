@@ -204,12 +204,15 @@ class Stage:
         as of ``(output * 0).sum()``, is a path).
         """
         self.phase = "loss"
-        record = self._record_for(sample)
-        output = value_of(record.outputs, self._out_is_tuple)
+        loss_fn = self.config.loss_fn
+        if loss_fn is None:
+            raise RuntimeError(f"stage {self.index} has no loss_fn: a pipeline without one does not learn")
+        record, outputs = self._record_for(sample)
+        output = value_of(outputs, self._out_is_tuple)
         if self.config.supervised:
-            loss = self.config.loss_fn(output, _to(target, self.device))
+            loss = loss_fn(output, _to(target, self.device))
         else:
-            loss = self.config.loss_fn(output)
+            loss = loss_fn(output)
         if not isinstance(loss, Tensor) or loss.dim() != 0:
             shape = tuple(loss.shape) if isinstance(loss, Tensor) else type(loss).__name__
             raise ValueError(
@@ -235,9 +238,9 @@ class Stage:
         Steps the optimizer; returns the gradient w.r.t. this stage's input (None at stage 0).
         """
         self.phase = "backward"
-        record = self._record_for(sample)
+        record, outputs = self._record_for(sample)
         grads = tuple(t.to(self.device) for t in as_tensors(grad, f"gradient at stage {self.index}"))
-        return self._apply(sample, record, record.outputs, grads)
+        return self._apply(sample, record, outputs, grads)
 
     def drop(self, sample: int) -> None:
         """``sample`` will bring no gradient (it was skipped): forget its forward; no step."""
@@ -348,15 +351,18 @@ class Stage:
         self._out_is_tuple = not isinstance(out, Tensor)
         return as_tensors(out, f"output of stage {self.index}")
 
-    def _record_for(self, sample: int) -> _Forward:
-        """The forward whose graph the product of ``sample``'s gradient uses, made valid."""
+    def _record_for(self, sample: int) -> tuple[_Forward, tuple[Tensor, ...]]:
+        """The forward whose graph the product of ``sample``'s gradient uses, made valid, and its outputs."""
         if self.config.grad_mode == "partime":
+            if self._newest is None:
+                raise RuntimeError(f"stage {self.index} has run no forward for the gradient of sample {sample}")
             record = self._newest
         else:
             record = self._pending.pop(sample)
-        if record.outputs is None:  # a step made its graph stale: run it again with the weights now
-            record.outputs = self._run(record)
-        return record
+        outputs = record.outputs
+        if outputs is None:  # a step made its graph stale: run it again with the weights now
+            outputs = record.outputs = self._run(record)
+        return record, outputs
 
     def _apply(self, sample: int, record: _Forward, outputs: tuple[Tensor, ...],
                grads: tuple[Tensor, ...] | None) -> Any:

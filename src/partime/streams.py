@@ -115,7 +115,9 @@ class _Paths:
         self.centre, self.amplitudes, self.omegas, self.phases = centre, amplitudes, omegas, phases
 
     def __call__(self, t: int) -> np.ndarray:
-        return self.centre + np.sum(self.amplitudes * np.sin(self.omegas * t + self.phases), axis=-1)
+        terms = self.amplitudes * np.sin(self.omegas * t + self.phases)
+        position: np.ndarray = self.centre + np.sum(terms, axis=-1)  # np.sum is typed Any
+        return position
 
 
 def _digit_paths(rngs: list[np.random.Generator]) -> _Paths:

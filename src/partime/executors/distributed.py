@@ -125,6 +125,8 @@ def _wires(plan: _Plan, depth: int) -> list[Wire]:
     if depth > 1:
         wires.append(Wire("result", depth - 1, 0, {KIND_DATA: layout.output.tensors}))
         if supervised:
+            if layout.target is None:
+                raise RuntimeError("a pipeline whose loss takes a target has a layout with no target")
             wires.append(Wire("target", 0, depth - 1, {KIND_DATA: layout.target.tensors}))
     for r in range(1, depth):
         state = {KIND_STATE: tuple(spec for _, spec in plan.states[r])}
@@ -168,14 +170,15 @@ class DistributedExecutor(Executor):
         self._offered = self._seen = self._synced = 0
         plan = _Plan(tuple(len(s) for s in self.stages), layout, _config_key(config),
                      tuple(_state_specs(s) for s in self.stages), resumed=state is not None)
-        for r in range(1, depth if state is not None else 1):
-            run.store.set(run.prefix + f"resume {r}", to_bytes(stage_resume(state, r)))
-        run.store.set(run.prefix + "plan", pickle.dumps(plan))
+        if state is not None:
+            for r in range(1, depth):
+                run.publish(f"resume {r}", to_bytes(stage_resume(state, r)))
+        run.publish("plan", pickle.dumps(plan))
         run.wait_store("ready", self._waiting("every rank to take the plan"), least=depth - 1)
         run.connect(_wires(plan, depth))
         for r in range(1, depth):  # every rank starts with rank 0's weights
-            run.link(f"control 0->{r}").put(KIND_STATE, 0, list(self.stages[r].state_dict().values()),
-                                            check=run.health.check)
+            run.links[f"control 0->{r}"].put(KIND_STATE, 0, list(self.stages[r].state_dict().values()),
+                                             check=run.health.check)
         last = depth == 1
         self._inputs = _local(layout.input.tensors, CAPACITY, "input")
         self._results = run.link("result") or _local(layout.output.tensors, CAPACITY, "result")
@@ -203,7 +206,7 @@ class DistributedExecutor(Executor):
     def _stage_zero(self, first: Links, tick: int, links: Links) -> None:
         health, where, stage = self._run.health, Where(), self._stage
         try:
-            torch.set_num_threads(self.threads)
+            torch.set_num_threads(self.threads or 1)
             run_stage(stage, links, health.stop_check, where, self._sent, first=first, tick=tick)
         except Aborted:
             pass
@@ -226,7 +229,7 @@ class DistributedExecutor(Executor):
         self._permits.release(ticks)
         self._offered += ticks
         for r in range(1, self.depth if self.config.learning else 1):  # see ``serve``
-            self._run.link(f"control 0->{r}").put(KIND_PERMIT, self._offered, check=self._run.health.check)
+            self._run.links[f"control 0->{r}"].put(KIND_PERMIT, self._offered, check=self._run.health.check)
 
     def next_result(self) -> Result:
         waiting = self._waiting("the next result", self.depth - 1)
@@ -240,12 +243,12 @@ class DistributedExecutor(Executor):
         if self._synced == self._offered:
             return
         for r in range(1, self.depth):
-            run.link(f"control 0->{r}").put(KIND_SNAPSHOT, self._offered, check=check)
+            run.links[f"control 0->{r}"].put(KIND_SNAPSHOT, self._offered, check=check)
         while self._seen < self._offered:
             wait(self._ticks, check, spin_s=0)
             self._seen += 1
         for r in range(1, self.depth):
-            message = run.link(f"reply {r}->0").get(check=check)
+            message = run.links[f"reply {r}->0"].get(check=check)
             assert message.kind == KIND_STATE and message.index == self._offered, (message.kind, message.index)
             self.stages[r].load_state_dict(dict(zip(self._names[r], message.tensors)))
         self._synced = self._offered
@@ -256,10 +259,10 @@ class DistributedExecutor(Executor):
         self.sync()
         run, check = self._run, self._waiting("every stage's part of the checkpoint")
         for r in range(1, self.depth):
-            run.link(f"control 0->{r}").put(KIND_CHECKPOINT, self._offered, scalar=self._feeder.fed, check=check)
+            run.links[f"control 0->{r}"].put(KIND_CHECKPOINT, self._offered, scalar=self._feeder.fed, check=check)
         answers = [stage_answer(self._stage, self._sent)]  # stage 0 waits for the next tick: read it here
         for r in range(1, self.depth):
-            message = run.link(f"reply {r}->0").get(check=check)
+            message = run.links[f"reply {r}->0"].get(check=check)
             assert message.kind == KIND_CHECKPOINT and message.index == self._offered, (message.kind, message.index)
             answer = run.store.get(run.prefix + f"checkpoint {r}")
             answers.append(from_bytes(answer))
@@ -281,9 +284,10 @@ class DistributedExecutor(Executor):
         return with_deadline(self._run.health.check, self.timeout, expired)
 
     def close(self) -> None:
-        run, self._run = getattr(self, "_run", None), None
+        run: Run | None = getattr(self, "_run", None)  # None before start
         if run is None:
             return
+        del self._run  # a second close finds none
         run.health.closing = True  # stage 0 leaves at its next wait
         for r in range(1, self.depth):
             if f"control 0->{r}" in run.links:
@@ -298,7 +302,7 @@ class DistributedExecutor(Executor):
     def cancel(failure: str | None) -> None:
         """Rank 0 closes before its first sample: the other ranks stop waiting for it."""
         run = Run(0, 0)
-        run.store.set(run.prefix + "plan", pickle.dumps(failure))
+        run.publish("plan", pickle.dumps(failure))
 
     @staticmethod
     def serve(rank: int, model: nn.Sequential, config: StageConfig, threads: int) -> None:
@@ -327,7 +331,8 @@ class DistributedExecutor(Executor):
         granted = done = 0
         # Ungated in inference, a stage may be up to ``rank`` ticks ahead of the tick a checkpoint
         # is taken at: it notes what it sent in its last few ticks.
-        sent, stage = SentLog(config.depth + 1), None
+        sent = SentLog(config.depth + 1)
+        stage: Stage | None = None
 
         def finish(ticks_offered: int) -> None:  # wait until this stage has run that many ticks
             nonlocal done
@@ -345,19 +350,21 @@ class DistributedExecutor(Executor):
                 granted = message.index
             elif message.kind == KIND_SNAPSHOT:
                 finish(message.index)
-                run.link(f"reply {rank}->0").put(KIND_STATE, message.index, list(module.state_dict().values()),
-                                                 check=health.stop_check)
+                run.links[f"reply {rank}->0"].put(KIND_STATE, message.index, list(module.state_dict().values()),
+                                                  check=health.stop_check)
             elif message.kind == KIND_CHECKPOINT:
                 finish(message.index)
                 try:
+                    if stage is None:  # rank 0 asks only once every rank has started its stage
+                        raise RuntimeError(f"rank {rank} was asked for a checkpoint before its stage started")
                     answer = stage_answer(stage, sent.at(int(message.scalar) - 1) if message.scalar else Sent())
-                    run.store.set(run.prefix + f"checkpoint {rank}", to_bytes(answer))
+                    run.publish(f"checkpoint {rank}", to_bytes(answer))
                 except Exception as exc:  # this stage's failure, not the link's: every rank stops with it
                     failed = Where()
                     failed.phase = "checkpoint"
                     health.stage_failed(failed, exc)
                     raise Aborted from exc
-                run.link(f"reply {rank}->0").put(KIND_CHECKPOINT, message.index, check=health.stop_check)
+                run.links[f"reply {rank}->0"].put(KIND_CHECKPOINT, message.index, check=health.stop_check)
             elif message.kind == KIND_CLOSE:
                 health.closing = True
 
@@ -369,7 +376,7 @@ class DistributedExecutor(Executor):
             torch.set_num_threads(threads)
             last = rank == config.depth - 1
             links = Links(
-                index=rank, layout=plan.layout, act_in=run.link(f"activation {rank - 1}->{rank}"),
+                index=rank, layout=plan.layout, act_in=run.links[f"activation {rank - 1}->{rank}"],
                 act_out=run.link(f"activation {rank}->{rank + 1}"), grad_in=run.link(f"gradient {rank + 1}->{rank}"),
                 grad_out=run.link(f"gradient {rank}->{rank - 1}"), targets=run.link("target") if last else None,
                 results=run.link("result") if last else None, ticks=ticks,
@@ -403,6 +410,6 @@ def _check_plan(plan: _Plan, rank: int, module: nn.Module, config: StageConfig) 
         raise ValueError(f"rank {rank} was given another pipeline than rank 0: {ours} on rank {rank}, "
                          f"{theirs} on rank 0")
     if _state_specs(module) != plan.states[rank]:
-        ours, theirs = ([f"{k} {s}" for k, s in specs] for specs in (_state_specs(module), plan.states[rank]))
-        raise ValueError(f"stage {rank} of the model differs between rank {rank} and rank 0: {ours} on rank {rank}, "
-                         f"{theirs} on rank 0")
+        here, there = ([f"{k} {s}" for k, s in specs] for specs in (_state_specs(module), plan.states[rank]))
+        raise ValueError(f"stage {rank} of the model differs between rank {rank} and rank 0: {here} on rank {rank}, "
+                         f"{there} on rank 0")

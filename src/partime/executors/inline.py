@@ -17,13 +17,14 @@ only orders them and carries their messages (a sample skipped under ``nonfinite=
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from .. import schedule
-from ..checkpoint import message
+from ..checkpoint import CheckpointError, message
 from ..stage import Stage
 from ..tick import Data, Message, Skip, backward_half, forward_half
 from ..values import as_tensors, rebuild
@@ -34,6 +35,9 @@ class InlineExecutor(Executor):
     """Runs each tick of the schedule in the calling thread."""
 
     checkpoints = True
+    _acts: list[Message | None]  # into stage i, sent at tick - 1
+    _grads: list[Message | None]  # into stage i, from stage i + 1
+    _targets: dict[int, Any]
 
     def start(self, layout: Layout, state: dict[str, Any] | None = None) -> None:
         self._stages = []
@@ -76,14 +80,19 @@ class InlineExecutor(Executor):
         self._tick = self._fed = transit["tick"]
         self._acts = [value(a, layout.into(i)) for i, a in enumerate(transit["acts"])]
         self._grads = [value(g, layout.activations[i] if g else None) for i, g in enumerate(transit["grads"])]
-        self._targets = {t["sample"]: rebuild(layout.target, tuple(t["tensors"])) for t in transit["targets"]}
+        self._targets = {}
+        if transit["targets"]:
+            if layout.target is None:
+                raise CheckpointError(f"damaged checkpoint: it has {len(transit['targets'])} targets in transit "
+                                      "but no layout.target")
+            self._targets = {t["sample"]: rebuild(layout.target, tuple(t["tensors"])) for t in transit["targets"]}
 
     def _begin_segment(self) -> None:
         self._tick = 0
         self._fed = 0
-        self._acts: list[Message | None] = [None] * self.depth  # into stage i, sent at tick - 1
-        self._grads: list[Message | None] = [None] * self.depth  # into stage i, from stage i + 1
-        self._targets: dict[int, Any] = {}
+        self._acts = [None] * self.depth
+        self._grads = [None] * self.depth
+        self._targets = {}
 
     def feed(self, index: int, x: Any, y: Any) -> None:
         """Offer sample ``index`` (``x`` None: a skipped sample, a hole) and run one tick."""
@@ -119,7 +128,7 @@ class InlineExecutor(Executor):
             if schedule.forward_sample(i, tick, num_samples) is not None and message is not None:
                 target = self._targets.pop(message.sample, None) if last else None
                 try:
-                    sent = forward_half(stage, message, last, lambda target=target: target)
+                    sent = forward_half(stage, message, last, _returning(target))
                 except Exception as exc:
                     raise stage_error(i, message.sample, stage.phase, exc) from exc
                 if sent.activation is not None:
@@ -155,3 +164,8 @@ def _contiguous(message: Message) -> Message:
         return message
     tensors = tuple(t.contiguous() for t in as_tensors(message.value, "value"))
     return Data(message.sample, tensors[0] if isinstance(message.value, Tensor) else tensors)
+
+
+def _returning(value: Any) -> Callable[[], Any]:
+    """A function that returns ``value``: bound now, not to a loop variable that moves on."""
+    return lambda: value

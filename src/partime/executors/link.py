@@ -32,7 +32,7 @@ import struct
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -121,7 +121,7 @@ class Link:
     ping once ``PING_S`` passed without a message) and sends the CLOSE of ``hang_up``.
     """
 
-    def __init__(self, name: str, group: Any, peer: int, sending: bool, payload: dict[int, tuple[TensorSpec, ...]],
+    def __init__(self, name: str, group: Any, peer: int, sending: bool, payload: Mapping[int, tuple[TensorSpec, ...]],
                  device: torch.device, health: Health, deliver: Callable[[Message], None] | None = None):
         self.name, self.group, self.peer, self.device, self.health = name, group, peer, device, health
         self.sending, self.payload = sending, payload
@@ -192,15 +192,15 @@ class Link:
         """The message as the frames that go on the wire, newly made."""
         header = torch.tensor([kind, index, scalar, bool(tensors)], dtype=torch.float64).view(torch.uint8)
         if not self._packed:
-            header = (header.to(self.device),)
+            header = header.to(self.device)
             if not tensors:
-                return header
+                return (header,)
         offsets, size = self._layouts[KIND_DATA if self._packed else kind]
         frame = torch.empty(size, dtype=torch.uint8, device=self.device)
         for t, at in zip(tensors, offsets):
             frame[at:at + t.nbytes].view(t.dtype).view(t.shape).copy_(t.detach())
         if not self._packed:
-            return header + (frame,)
+            return (header, frame)
         frame[:_HEADER].copy_(header)
         return (frame,)
 
@@ -247,7 +247,9 @@ class Link:
                 torch.cuda.set_device(self.device)
             while True:
                 frame = self._receive(self._layouts[KIND_DATA][1] if self._packed else _HEADER)
-                kind, index, scalar, full = struct.unpack_from("=4d", frame[:_HEADER].cpu().numpy())
+                header = frame[:_HEADER].cpu().numpy()
+                # numpy's stubs give ndarray its __buffer__ only for Python >= 3.12 (mypy checks for 3.10)
+                kind, index, scalar, full = struct.unpack_from("=4d", header)  # type: ignore[arg-type]
                 kind, index = int(kind), int(index)
                 if kind == KIND_CLOSE:
                     if self._control:  # the other end of a control link needs to hear it

@@ -133,6 +133,9 @@ class Health:
             raise self.error()
 
     def error(self) -> StageError:
+        """The run's failure as an exception; only once there is one."""
+        if self.failure is None:
+            raise RuntimeError(f"rank {self.rank} asked for the run's failure, but the run has not failed")
         report = dict(self.failure)
         kind = WorkerDiedError if report.pop("died", False) else StageError
         return kind(**report)
@@ -181,6 +184,11 @@ class Run:
                 return pickle.loads(self.store.get(self.prefix + key))
             check()
             time.sleep(POLL_S)
+
+    def publish(self, key: str, value: bytes) -> None:
+        """Put ``value`` under ``key`` in the store, for ``wait_store`` on the other ranks."""
+        # torch's stub types Store.set's value as str; the binding takes bytes too (a std::string).
+        self.store.set(self.prefix + key, value)  # type: ignore[arg-type]
 
     def connect(self, wires: Sequence[Wire], control: Callable[[Message], None] | None = None) -> None:
         """Make every wire's process group (every rank, in the order of ``wires``) and start this

@@ -60,7 +60,8 @@ def conv_net(layers: int = 12, channels: int = 32, *, classes: int | None = None
         for module in model.modules():
             if isinstance(module, nn.Conv2d):
                 nn.init.kaiming_normal_(module.weight, nonlinearity="relu")
-                nn.init.zeros_(module.bias)
+                if module.bias is not None:  # always: bias=True
+                    nn.init.zeros_(module.bias)
     return model
 
 
@@ -108,7 +109,7 @@ def run_bench(
     report("hop cost")
     cores = os.cpu_count() or 1
     clocks = cpu_clocks()
-    hops = {
+    hops: dict[str, float | None] = {
         "hop_64kb_us": measure_hop(65536)["hop_us_median"],
         "hop_activation_us": measure_hop(activation_bytes)["hop_us_median"],
         "activation_bytes": activation_bytes,
@@ -118,7 +119,7 @@ def run_bench(
     total = warmup + samples + max(depths)  # the tail keeps the draining pipeline out of the timing
     xs = torch.randn(total, 1, 3, size, size, generator=gen)
     ys = torch.randint(0, CLASSES, (total, 1), generator=gen)
-    rows = []
+    rows: list[dict[str, Any]] = []
     for mode in modes:
         learning = mode == "learning"
         model = conv_net(layers, channels, classes=CLASSES if learning else None, seed=seed)
@@ -211,7 +212,7 @@ def _time_sequential(model: nn.Sequential, xs: torch.Tensor, ys: torch.Tensor | 
 def _time_pipeline(model: nn.Sequential, depth: int, executor: str, xs: torch.Tensor, ys: torch.Tensor | None,
                    *, samples: int, warmup: int, blocks: int) -> tuple[float, Partition]:
     """Median ms per sample of ``Pipeline(model, depth)`` streaming ``xs``, and its partition."""
-    learning = {} if ys is None else dict(loss_fn=nn.CrossEntropyLoss(), optimizer=sgd)
+    learning: dict[str, Any] = {} if ys is None else dict(loss_fn=nn.CrossEntropyLoss(), optimizer=sgd)
     before = torch.get_num_threads()
     # One thread here too: the layers are then profiled as the stages run them, and the caller,
     # which only copies samples in and results out, leaves the cores to the stages.
@@ -222,6 +223,8 @@ def _time_pipeline(model: nn.Sequential, depth: int, executor: str, xs: torch.Te
             stamps = _stamps(lambda i: next(results), warmup + samples + 1)
             for _ in results:  # drain: the tail, and every gradient applied, before the pipe closes
                 pass
+            if pipe.partition is None:
+                raise RuntimeError("the pipeline has no partition, though it was given a sample")
             return median_ms(stamps, warmup, blocks), pipe.partition
     finally:
         torch.set_num_threads(before)

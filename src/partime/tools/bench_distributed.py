@@ -122,7 +122,7 @@ def bench_distributed(samples: int = 300, size: int = 32, layers: int = 16, *, c
         learning = mode == "learning"
         model = conv_net(layers, channels, classes=CLASSES if learning else None, seed=seed)
         if rank > 0:  # serve this rank's stage while rank 0 times the baselines and the pipeline
-            kw = dict(loss_fn=nn.CrossEntropyLoss(), optimizer=sgd) if learning else {}
+            kw: dict[str, Any] = dict(loss_fn=nn.CrossEntropyLoss(), optimizer=sgd) if learning else {}
             cpu = _cpu_seconds()
             with Pipeline(model, depth, executor="distributed", threads=1, **kw):
                 pass
@@ -140,11 +140,13 @@ def bench_distributed(samples: int = 300, size: int = 32, layers: int = 16, *, c
         ms, partition = _time_pipeline(copy.deepcopy(model), depth, "distributed", xs, ys if learning else None,
                                        **timing)
         busy = others_busy(clocks, cores)
-        if busy is not None and os.environ.get("LOCAL_WORLD_SIZE") == str(depth):  # one host: take the ranks out
+        # One host: take the ranks' CPU out (busy is known only when clocks is: testing both tells mypy so).
+        if busy is not None and clocks is not None and os.environ.get("LOCAL_WORLD_SIZE") == str(depth):
             keys = [f"partime/bench/{call}/{mode}/cpu/{r}" for r in range(1, depth)]
             store.wait(keys)
             ranks_cpu = sum(float(store.get(k)) for k in keys)
-            busy = max(0.0, busy - ranks_cpu / ((cpu_clocks()[0] - clocks[0]) * cores))
+            wall = time.perf_counter() - clocks[0]  # as cpu_clocks() reads it
+            busy = max(0.0, busy - ranks_cpu / (wall * cores))
         else:
             busy = None
         times = partition.stage_times or ()

@@ -203,10 +203,11 @@ def soak(inference_samples: int, learning_samples: int, depth: int, out_dir: Pat
     console = _console()
     runs = []
     with progress_bar(console) as bar:
+        def report(task: TaskID) -> Callable[[int], None]:
+            return lambda done: bar.update(task, completed=done)
+
         for mode, samples in (("inference", inference_samples), ("learning", learning_samples)):
-            task = bar.add_task(mode, total=samples)
-            runs.append(run_soak(mode, samples, depth=depth,
-                                 progress=lambda done, task=task: bar.update(task, completed=done)))
+            runs.append(run_soak(mode, samples, depth=depth, progress=report(bar.add_task(mode, total=samples))))
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "soak.json").write_text(json.dumps(runs, indent=1) + "\n")
     plot(runs, out_dir / "soak.png")

@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
@@ -178,7 +178,8 @@ def run(config: Config, frames: int) -> dict[str, Any]:
             for result in pipe.stream(xs, ys):
                 # test-then-train: the output was computed before this sample's gradient was applied
                 target = targets[result.index] if targets else None
-                output = result.output[0] if camera else result.output
+                # Never skipped (nonfinite="raise"): the model's output, a tensor (the camera model's, a tuple).
+                output = cast(tuple[Tensor, ...], result.output)[0] if camera else cast(Tensor, result.output)
                 metrics.update(output, target, result.loss)
                 if result.index >= late_from:
                     late.update(output, target, result.loss)
@@ -333,7 +334,8 @@ def summarise(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def _mean_or_none(values: Sequence[float | None]) -> float | None:
     """The mean over seeds; None if any seed has none (a diverged loss, a run with no last quarter)."""
-    return None if None in values else statistics.mean(values)
+    present = [v for v in values if v is not None]
+    return None if len(present) < len(values) else statistics.mean(present)
 
 
 def _gap(value: float | None, base: float | None, metric: str) -> float | None:

@@ -111,7 +111,7 @@ def run_soak(
         for k, _ in enumerate(pipe.stream(xs, ys)):
             if k == 0:
                 for proc in multiprocessing.active_children():
-                    if proc.name.startswith("partime-stage-"):
+                    if proc.name.startswith("partime-stage-") and proc.pid is not None:  # started: it has one
                         pids[proc.name.removeprefix("partime-").replace("-", " ")] = proc.pid
             if k % every == 0 or k == samples - 1:
                 records.append({"sample": k + 1, "rss_mb": _rss(pids)})
