@@ -35,8 +35,9 @@ def main() -> None:
                     configs.append(fid.Config(stream, depth, "stash", fid.automatic(opt), seed, balance, opt, lr))
     rows = fid.run_all(configs, args.frames, jobs=args.jobs)
     text = fid.markdown(fid.summarise(rows))
-    args.out.write_text(f"Seeds {args.seeds}, {args.frames} samples, the step sizes and cuts of "
-                        f"{args.fidelity_json.name}.\n\n{text}")
+    args.out.write_text(
+        f"Seeds {args.seeds}, {args.frames} samples, the step sizes and cuts of {args.fidelity_json.name}.\n\n{text}"
+    )
     print(args.out.read_text())
 
 

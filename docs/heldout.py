@@ -40,9 +40,18 @@ def mlp(inputs: int, outputs: int, width: int = 32) -> nn.Sequential:
 
 
 def sensor_model() -> nn.Sequential:
-    return nn.Sequential(nn.Conv1d(8, 16, 3, padding=1), nn.ReLU(), nn.Conv1d(16, 16, 3, padding=1), nn.ReLU(),
-                         nn.Conv1d(16, 16, 3, padding=1), nn.ReLU(), nn.Conv1d(16, 8, 3, padding=1), nn.ReLU(),
-                         nn.Flatten(), nn.Linear(8 * 16, 8))
+    return nn.Sequential(
+        nn.Conv1d(8, 16, 3, padding=1),
+        nn.ReLU(),
+        nn.Conv1d(16, 16, 3, padding=1),
+        nn.ReLU(),
+        nn.Conv1d(16, 16, 3, padding=1),
+        nn.ReLU(),
+        nn.Conv1d(16, 8, 3, padding=1),
+        nn.ReLU(),
+        nn.Flatten(),
+        nn.Linear(8 * 16, 8),
+    )
 
 
 def stream(name: str, frames: int, seed: int):
@@ -74,7 +83,7 @@ def stream(name: str, frames: int, seed: int):
     samples = []
     for k in range(frames):
         starts = [k * BATCH + j for j in range(BATCH)]
-        x = torch.stack([signal[:, s:s + 16] for s in starts])
+        x = torch.stack([signal[:, s : s + 16] for s in starts])
         y = torch.stack([signal[:, s + 16] for s in starts])
         samples.append((x, y))
     return sensor_model(), nn.MSELoss(), samples
@@ -85,8 +94,15 @@ def run(args: tuple) -> dict:
     torch.set_num_threads(1)
     model, loss_fn, samples = stream(name, frames, seed)
     losses, correct = [], 0
-    with Pipeline(model, even_balance(len(model), depth), executor="inline", loss_fn=loss_fn,
-                  optimizer=optimizer_factory(opt, lr), grad_mode=mode, compensation=comp) as pipe:
+    with Pipeline(
+        model,
+        even_balance(len(model), depth),
+        executor="inline",
+        loss_fn=loss_fn,
+        optimizer=optimizer_factory(opt, lr),
+        grad_mode=mode,
+        compensation=comp,
+    ) as pipe:
         try:
             for r in pipe.stream((x for x, _ in samples), (y for _, y in samples)):
                 losses.append(r.loss)
@@ -111,18 +127,26 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=2)
     args = parser.parse_args()
     with ProcessPoolExecutor(args.jobs) as pool:
-        tuning = list(pool.map(run, [(s, o, lr, 1, "stash", (), 0, args.frames)
-                                     for s in STREAMS for o in OPTIMIZERS for lr in LR_GRID[o]]))
+        tuning = list(
+            pool.map(
+                run,
+                [(s, o, lr, 1, "stash", (), 0, args.frames) for s in STREAMS for o in OPTIMIZERS for lr in LR_GRID[o]],
+            )
+        )
         best: dict[tuple[str, str], dict] = {}
         for row in tuning:
             key = (row["name"], row["opt"])
             if key not in best or better(row["name"], row["score"], best[key]["score"]):
                 best[key] = row
-        jobs = [(s, o, best[s, o]["lr"], d, m, c, seed, args.frames)
-                for (s, o), (d, m, c), seed in itertools.product(best, CONFIGS, (1, 2))]
+        jobs = [
+            (s, o, best[s, o]["lr"], d, m, c, seed, args.frames)
+            for (s, o), (d, m, c), seed in itertools.product(best, CONFIGS, (1, 2))
+        ]
         rows = list(pool.map(run, jobs))
-    lines = ["| optimizer | stream (step size) | " + " | ".join(_label(c) for c in CONFIGS) + " |",
-             "|---|---|" + "---|" * len(CONFIGS)]
+    lines = [
+        "| optimizer | stream (step size) | " + " | ".join(_label(c) for c in CONFIGS) + " |",
+        "|---|---|" + "---|" * len(CONFIGS),
+    ]
     for (s, o), tuned in best.items():
         cells = []
         base = None
@@ -133,8 +157,10 @@ def main() -> None:
                 base = mean
             cells.append(_cell(s, mean, base))
         lines.append(f"| {o} | {s} ({tuned['lr']:g}) | " + " | ".join(cells) + " |")
-    note = (f"\n{args.frames} samples of {BATCH} rows, mean of seeds 1 and 2; wine: accuracy (gap in points), "
-            "drift and sensor: mean loss (gap in percent of sequential's).\n")
+    note = (
+        f"\n{args.frames} samples of {BATCH} rows, mean of seeds 1 and 2; wine: accuracy (gap in points), "
+        "drift and sensor: mean loss (gap in percent of sequential's).\n"
+    )
     args.out.write_text("\n".join(lines) + "\n" + note)
     print(args.out.read_text())
 

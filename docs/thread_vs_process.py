@@ -66,8 +66,10 @@ def time_pipeline(model: nn.Module, executor: str, xs: torch.Tensor, ys: torch.T
 def main() -> None:
     n = WARMUP + SAMPLES + 8
     models = {
-        "two Linear(16, 16) stages (the per-tick floor)": (lambda: nn.Sequential(nn.Linear(16, 16), nn.Linear(16, 16)),
-                                                           vectors(n)),
+        "two Linear(16, 16) stages (the per-tick floor)": (
+            lambda: nn.Sequential(nn.Linear(16, 16), nn.Linear(16, 16)),
+            vectors(n),
+        ),
         "4 conv blocks, 16x16 frames (small stages)": (lambda: conv_net(4, classes=10), frames(16, n)),
         "12 conv blocks, 32x32 frames (large stages)": (lambda: conv_net(12, classes=10), frames(32, n)),
     }
@@ -82,8 +84,11 @@ def main() -> None:
                 for executor in ("process", "thread"):
                     seen[executor].append(time_pipeline(make(), executor, xs, targets))
             ms = {k: statistics.median(v) for k, v in seen.items()}
-            print(f"| {name} | {mode} | {ms['sequential']:.3f} | {ms['process']:.3f} | {ms['thread']:.3f} | "
-                  f"{ms['sequential'] / ms['process']:.2f}x | {ms['sequential'] / ms['thread']:.2f}x |", flush=True)
+            print(
+                f"| {name} | {mode} | {ms['sequential']:.3f} | {ms['process']:.3f} | {ms['thread']:.3f} | "
+                f"{ms['sequential'] / ms['process']:.2f}x | {ms['sequential'] / ms['thread']:.2f}x |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

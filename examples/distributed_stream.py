@@ -40,15 +40,16 @@ def frames(n: int, size: int = 32, hold: int = 10, seed: int = 0):
         cx = int((size - 16) * (0.5 + 0.5 * math.sin(t / 37)))
         cy = int((size - 16) * (0.5 + 0.5 * math.sin(t / 23 + 1)))
         x = 0.1 * torch.randn(1, 3, size, size, generator=gen)
-        x[:, colour, cy:cy + 16, cx:cx + 16] += 1.0
+        x[:, colour, cy : cy + 16, cx : cx + 16] += 1.0
         yield x, torch.tensor([colour])
 
 
 def conv_net(blocks: int = 6, channels: int = 32, classes: int = 3) -> nn.Sequential:
     """Blocks of 5x5 convolution and ReLU, then a linear classifier of the pooled channels."""
     torch.manual_seed(0)  # rank 0 sends every rank its stage's weights anyway
-    layers = [nn.Sequential(nn.Conv2d(3 if i == 0 else channels, channels, 5, padding=2), nn.ReLU())
-              for i in range(blocks)]
+    layers = [
+        nn.Sequential(nn.Conv2d(3 if i == 0 else channels, channels, 5, padding=2), nn.ReLU()) for i in range(blocks)
+    ]
     for block in layers:  # He initialisation: the signal keeps its scale through the stack
         nn.init.kaiming_normal_(block[0].weight, nonlinearity="relu")
         nn.init.zeros_(block[0].bias)
@@ -70,8 +71,9 @@ def main() -> None:
 
     xs = (x for x, _ in frames(args.samples))
     ys = (y for _, y in frames(args.samples))
-    with partime.Pipeline(conv_net(), depth, executor="distributed", loss_fn=nn.CrossEntropyLoss(),
-                          optimizer=optimizer) as pipe:
+    with partime.Pipeline(
+        conv_net(), depth, executor="distributed", loss_fn=nn.CrossEntropyLoss(), optimizer=optimizer
+    ) as pipe:
         losses, indices = [], []
         for result in pipe.stream(xs, ys):  # on ranks > 0: nothing, their stage has been served
             if not losses:

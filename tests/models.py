@@ -22,8 +22,13 @@ class Join(nn.Module):
 def mlp(width=8, seed=0):
     torch.manual_seed(seed)
     return nn.Sequential(
-        nn.Linear(6, width), nn.Tanh(), nn.Linear(width, width), nn.ReLU(inplace=True),
-        nn.Linear(width, width), nn.Tanh(), nn.Linear(width, 3),
+        nn.Linear(6, width),
+        nn.Tanh(),
+        nn.Linear(width, width),
+        nn.ReLU(inplace=True),
+        nn.Linear(width, width),
+        nn.Tanh(),
+        nn.Linear(width, 3),
     )
 
 
@@ -34,14 +39,15 @@ def classification_stream(n, seed=0):
 
 def reconstruction_loss(output):
     """An unsupervised loss: it takes the output only."""
-    return (output ** 2).mean()
+    return (output**2).mean()
 
 
 def conv_net(seed=0):
     """Two 3x3 convolutions and a classifier of 3 classes, for frames of shape (1, 3, 8, 8)."""
     torch.manual_seed(seed)
-    return nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.Conv2d(4, 4, 3, padding=1), nn.Flatten(),
-                         nn.Linear(4 * 8 * 8, 3))
+    return nn.Sequential(
+        nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.Conv2d(4, 4, 3, padding=1), nn.Flatten(), nn.Linear(4 * 8 * 8, 3)
+    )
 
 
 CONV_BALANCES = {2: [2, 3], 3: [1, 2, 2]}

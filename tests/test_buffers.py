@@ -14,8 +14,11 @@ GRAD_MODES = ["stash", "weight-stash", "partime"]
 
 
 def learning(grad_mode):
-    return dict(loss_fn=nn.CrossEntropyLoss(), grad_mode=grad_mode,
-                optimizer=lambda params: torch.optim.SGD(params, lr=0.05, momentum=0.9))
+    return dict(
+        loss_fn=nn.CrossEntropyLoss(),
+        grad_mode=grad_mode,
+        optimizer=lambda params: torch.optim.SGD(params, lr=0.05, momentum=0.9),
+    )
 
 
 def run(executor, xs, ys=None, reuse=False, **kw):

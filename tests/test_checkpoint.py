@@ -24,15 +24,22 @@ OPTIMIZERS = {
 }
 ACTIONS = ["step"] * 8 + ["flush"] + ["step"] * 6 + ["flush"]
 """Two segments; a run is stopped after ``ACTIONS[:stop]`` for each of ``STOPS``."""
-STOPS = {"before any sample": 0, "warm-up": 1, "steady state": 6, "just before a flush": 8, "right after a flush": 9,
-         "second segment": 12}
+STOPS = {
+    "before any sample": 0,
+    "warm-up": 1,
+    "steady state": 6,
+    "just before a flush": 8,
+    "right after a flush": 9,
+    "second segment": 12,
+}
 XS, YS = classification_stream(len(ACTIONS))
 TESTS = Path(__file__).parent
 
 
 def learning(grad_mode="partime", opt="sgd", compensation=()):
-    return dict(loss_fn=nn.CrossEntropyLoss(), optimizer=OPTIMIZERS[opt], grad_mode=grad_mode,
-                compensation=compensation)
+    return dict(
+        loss_fn=nn.CrossEntropyLoss(), optimizer=OPTIMIZERS[opt], grad_mode=grad_mode, compensation=compensation
+    )
 
 
 def pipeline(executor, depth, seed=0, balance=None, model=mlp, **kw):
@@ -81,9 +88,19 @@ def resumed(depth, stop, path, ys=True, model=mlp, balance=None, **kw):
         return before + play(pipe, ACTIONS[stop:], ys), pipe.module
 
 
-@pytest.mark.parametrize("compensation", [(), ("lr-scale",), ("weight-prediction",), ("delay-correction",),
-                                          ("optimizer-prediction", "long-momentum"), ("spike",), "auto"],
-                         ids=["plain", "lr-scale", "wp", "dc", "op+lm", "spike", "auto"])
+@pytest.mark.parametrize(
+    "compensation",
+    [
+        (),
+        ("lr-scale",),
+        ("weight-prediction",),
+        ("delay-correction",),
+        ("optimizer-prediction", "long-momentum"),
+        ("spike",),
+        "auto",
+    ],
+    ids=["plain", "lr-scale", "wp", "dc", "op+lm", "spike", "auto"],
+)
 @pytest.mark.parametrize("opt", OPTIMIZERS)
 @pytest.mark.parametrize("grad_mode", ["partime", "stash", "weight-stash"])
 @pytest.mark.parametrize("depth", [1, 2, 3])
@@ -104,8 +121,9 @@ def test_inference_resumes_exactly(tmp_path, depth):
 
 def batchnorm_mlp(seed=0):
     torch.manual_seed(seed)
-    return nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.Tanh(), nn.Linear(8, 8), nn.BatchNorm1d(8),
-                         nn.Tanh(), nn.Linear(8, 3))
+    return nn.Sequential(
+        nn.Linear(6, 8), nn.BatchNorm1d(8), nn.Tanh(), nn.Linear(8, 8), nn.BatchNorm1d(8), nn.Tanh(), nn.Linear(8, 3)
+    )
 
 
 @pytest.mark.parametrize("grad_mode", ["partime", "stash", "weight-stash"])
@@ -251,14 +269,23 @@ def test_resume_in_a_fresh_process(tmp_path):
         play(pipe, ACTIONS[:6])
         pipe.save(tmp_path / "ckpt.pt")
         rest = play(pipe, ["step"] * (len(XS) - pipe.fed) + ["flush"])
-        expected = {"xs": XS, "indices": [r.index for r in rest], "outputs": [r.output for r in rest],
-                    "losses": [r.loss for r in rest], "weights": pipe.module.state_dict()}
+        expected = {
+            "xs": XS,
+            "indices": [r.index for r in rest],
+            "outputs": [r.output for r in rest],
+            "losses": [r.loss for r in rest],
+            "weights": pipe.module.state_dict(),
+        }
     torch.save(expected, tmp_path / "expected.pt")
     (tmp_path / "resume.py").write_text(textwrap.dedent(RESUME_SCRIPT))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(TESTS.parent / "src"), str(TESTS)]),
-               OMP_NUM_THREADS="1")
-    done = subprocess.run([sys.executable, str(tmp_path / "resume.py"), str(tmp_path / "ckpt.pt"),
-                           str(tmp_path / "expected.pt")], env=env, capture_output=True, text=True, timeout=120)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(TESTS.parent / "src"), str(TESTS)]), OMP_NUM_THREADS="1")
+    done = subprocess.run(
+        [sys.executable, str(tmp_path / "resume.py"), str(tmp_path / "ckpt.pt"), str(tmp_path / "expected.pt")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     assert "resumed exactly" in done.stdout
 

@@ -27,8 +27,15 @@ def model(seed=0):
 
 def pipeline(executor="inline", seed=0, balance=(2, 1), **kw):
     balance = list(balance) if not isinstance(balance, int) else balance
-    return partime.Pipeline(model(seed), balance, executor=executor, loss_fn=nn.MSELoss(),
-                            optimizer=lambda p: torch.optim.SGD(p, lr=0.1), threads=1, **kw)
+    return partime.Pipeline(
+        model(seed),
+        balance,
+        executor=executor,
+        loss_fn=nn.MSELoss(),
+        optimizer=lambda p: torch.optim.SGD(p, lr=0.1),
+        threads=1,
+        **kw,
+    )
 
 
 def real_checkpoint(path):
@@ -73,6 +80,7 @@ def remove(*keys):
         for key in keys[:-1]:
             part = part[key]
         del part[keys[-1]]
+
     return edit
 
 
@@ -82,6 +90,7 @@ def put(*keys, value):
         for key in keys[:-1]:
             part = part[key]
         part[keys[-1]] = value
+
     return edit
 
 
@@ -92,53 +101,90 @@ def after_the_segment(state):
 
 INCONSISTENT = {
     "taken above in_segment": (counters(taken=9), "counters.taken (9) is more than counters.in_segment (8)"),
-    "in_segment above next_index": (counters(in_segment=9, taken=7),
-                                    "counters.in_segment (9) is more than counters.next_index (8)"),
+    "in_segment above next_index": (
+        counters(in_segment=9, taken=7),
+        "counters.in_segment (9) is more than counters.next_index (8)",
+    ),
     "a negative counter": (counters(next_index=-1), "its counters.next_index is -1 (int), not a whole number >= 0"),
     "a counter not a whole number": (counters(taken=6.0), "its counters.taken is 6.0 (float), not a whole number"),
     "a counter that is a bool": (counters(taken=True), "its counters.taken is True (bool), not a whole number"),
-    "taken above the results out": (counters(taken=8), ("counters.taken (8) is more than the results that left the "
-                                    "pipeline in this segment: max(0, in_segment 8 - (depth 2 - 1)) = 7")),
-    "more held than left the pipeline": (counters(taken=7), ("len(held) is 1, but the counters say 0 results left "
-                                         "the pipeline and were not handed out: max(0, in_segment 8 - (depth 2 - 1)) "
-                                         "- taken 7 = 0")),
+    "taken above the results out": (
+        counters(taken=8),
+        (
+            "counters.taken (8) is more than the results that left the "
+            "pipeline in this segment: max(0, in_segment 8 - (depth 2 - 1)) = 7"
+        ),
+    ),
+    "more held than left the pipeline": (
+        counters(taken=7),
+        (
+            "len(held) is 1, but the counters say 0 results left "
+            "the pipeline and were not handed out: max(0, in_segment 8 - (depth 2 - 1)) "
+            "- taken 7 = 0"
+        ),
+    ),
     "fewer held than left the pipeline": (counters(taken=5), "len(held) is 1, but the counters say 2 results"),
     "held emptied": (put("held", value=[]), "len(held) is 0, but the counters say 1 results"),
-    "held out of order": (held_twice, ("held[1].index is 6: held results must come in increasing sample order "
-                                      "(the one before is 6)")),
+    "held out of order": (
+        held_twice,
+        ("held[1].index is 6: held results must come in increasing sample order (the one before is 6)"),
+    ),
     "held beyond the samples fed": (put("held", 0, "index", value=8), "held[0].index is 8"),
-    "held output not tensors": (put("held", 0, "output", value=[1.0]),
-                                "its held[0].output is [1.0] (list), not None or a list of tensors"),
-    "transit of another tick": (counters(next_index=9, in_segment=9, taken=7),
-                                "transit.tick is 8, but counters.in_segment is 9"),
-    "nothing in transit mid-segment": (put("transit", value=None),
-                                       "nothing is in transit, but counters.in_segment is 8"),
+    "held output not tensors": (
+        put("held", 0, "output", value=[1.0]),
+        "its held[0].output is [1.0] (list), not None or a list of tensors",
+    ),
+    "transit of another tick": (
+        counters(next_index=9, in_segment=9, taken=7),
+        "transit.tick is 8, but counters.in_segment is 9",
+    ),
+    "nothing in transit mid-segment": (
+        put("transit", value=None),
+        "nothing is in transit, but counters.in_segment is 8",
+    ),
     "transit after the segment": (after_the_segment, "values are in transit, but counters.in_segment is 0"),
     "acts of one stage": (lambda s: s["transit"]["acts"].pop(), "len(transit.acts) is 1, not one per stage (2)"),
-    "grads of three stages": (lambda s: s["transit"]["grads"].append(None),
-                              "len(transit.grads) is 3, not one per stage (2)"),
-    "an activation of a sample not fed": (put("transit", "acts", 1, "sample", value=99),
-                                          ("transit.acts[1].sample is 99, but only samples before "
-                                           "counters.next_index (8) were fed")),
-    "a target without tensors": (put("transit", "targets", 0, "tensors", value=None),
-                                 "its transit.targets[0].tensors is None (NoneType), not a list of tensors"),
+    "grads of three stages": (
+        lambda s: s["transit"]["grads"].append(None),
+        "len(transit.grads) is 3, not one per stage (2)",
+    ),
+    "an activation of a sample not fed": (
+        put("transit", "acts", 1, "sample", value=99),
+        ("transit.acts[1].sample is 99, but only samples before counters.next_index (8) were fed"),
+    ),
+    "a target without tensors": (
+        put("transit", "targets", 0, "tensors", value=None),
+        "its transit.targets[0].tensors is None (NoneType), not a list of tensors",
+    ),
     "one stage state for two stages": (lambda s: s["stages"].pop(), "len(stages) is 1, but identity.depth is 2"),
     "stage without weights": (remove("stages", 1, "module"), "it has no stages[1].module"),
-    "no layout mid-segment": (put("layout", value=None),
-                              "its layout is None, as before the first sample, but counters.in_segment is 8"),
-    "a layout without tensors": (put("layout", "output", value={"tensors": [], "is_tuple": False}),
-                                 "its layout.output is {'tensors': [], 'is_tuple': False}, not a layout"),
-    "a layout of an unknown dtype": (put("layout", "input", value={"tensors": [[[4], "load"]], "is_tuple": False}),
-                                     "its layout.input is"),
-    "activations of three boundaries": (lambda s: s["layout"]["activations"].append(None),
-                                        "len(layout.activations) is 2, not depth - 1 = 1"),
+    "no layout mid-segment": (
+        put("layout", value=None),
+        "its layout is None, as before the first sample, but counters.in_segment is 8",
+    ),
+    "a layout without tensors": (
+        put("layout", "output", value={"tensors": [], "is_tuple": False}),
+        "its layout.output is {'tensors': [], 'is_tuple': False}, not a layout",
+    ),
+    "a layout of an unknown dtype": (
+        put("layout", "input", value={"tensors": [[[4], "load"]], "is_tuple": False}),
+        "its layout.input is",
+    ),
+    "activations of three boundaries": (
+        lambda s: s["layout"]["activations"].append(None),
+        "len(layout.activations) is 2, not depth - 1 = 1",
+    ),
     "counters a list": (put("counters", value=[8, 8, 6]), "its counters is [8, 8, 6] (list), not a dict"),
     "held a dict": (put("held", value={}), "its held is {} (dict), not a list"),
     "no depth": (remove("identity", "depth"), "it has no identity.depth"),
-    "a balance of another depth": (put("identity", "balance", value=[3]),
-                                   "its identity.balance [3] is not 2 positive whole numbers"),
-    **{f"no {key}": (remove(key), f"it has no {key}")
-       for key in ("identity", "counters", "layout", "held", "stages", "transit")},
+    "a balance of another depth": (
+        put("identity", "balance", value=[3]),
+        "its identity.balance [3] is not 2 positive whole numbers",
+    ),
+    **{
+        f"no {key}": (remove(key), f"it has no {key}")
+        for key in ("identity", "counters", "layout", "held", "stages", "transit")
+    },
     "no counters.taken": (remove("counters", "taken"), "it has no counters.taken"),
     "no transit.tick": (remove("transit", "tick"), "it has no transit.tick"),
 }
@@ -203,7 +249,9 @@ def test_an_inconsistent_checkpoint_is_refused_by_a_process_pipeline_before_work
     before = set(multiprocessing.active_children())
     start = time.monotonic()
     with pipeline("process") as pipe:
-        with pytest.raises(CheckpointError, match=re.escape("len(held) is 0, but the counters say 1 results")) as raised:
+        with pytest.raises(
+            CheckpointError, match=re.escape("len(held) is 0, but the counters say 1 results")
+        ) as raised:
             pipe.load(path)
         assert str(raised.value).startswith(f"{path}: ")
         assert set(multiprocessing.active_children()) <= before  # no worker was started
@@ -270,8 +318,11 @@ NOT_CHECKPOINTS = {
     "a tensor": (a_tensor, None, "not a partime checkpoint (no 'format': 'partime-checkpoint' in it)"),
     "a dict of weights": (a_dict_of_weights, None, "not a partime checkpoint"),
     "another version": (another_version, None, "checkpoint format version 99 cannot be read"),
-    "tampered": (tampered, pickle.UnpicklingError,
-                 "not a readable partime checkpoint (UnpicklingError: torch.load(weights_only=True) refused it: "),
+    "tampered": (
+        tampered,
+        pickle.UnpicklingError,
+        "not a readable partime checkpoint (UnpicklingError: torch.load(weights_only=True) refused it: ",
+    ),
     "a directory": (a_directory, IsADirectoryError, "not a readable partime checkpoint (IsADirectoryError: "),
 }
 
@@ -325,9 +376,15 @@ def test_every_checkpoint_the_pipeline_writes_passes_the_checks(balance, learns)
     ys = YS if learns else [None] * len(xs)
 
     def make():
-        return partime.Pipeline(model(), balance, executor="inline", nonfinite="skip", threads=1,
-                                loss_fn=nn.MSELoss() if learns else None,
-                                optimizer=(lambda p: torch.optim.SGD(p, lr=0.1)) if learns else None)
+        return partime.Pipeline(
+            model(),
+            balance,
+            executor="inline",
+            nonfinite="skip",
+            threads=1,
+            loss_fn=nn.MSELoss() if learns else None,
+            optimizer=(lambda p: torch.optim.SGD(p, lr=0.1)) if learns else None,
+        )
 
     states = []
     with make() as pipe:

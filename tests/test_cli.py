@@ -22,13 +22,27 @@ def test_bench_writes_rows_for_every_mode_and_depth(tmp_path):
     assert result.exit_code == 0, result.output
     assert "hop cost" in result.output
     rows = json.loads(path.read_text())
-    keys = {"mode", "depth", "executor", "samples", "ms_per_sample", "speedup_vs_seq_1thread",
-            "speedup_vs_seq_allcores", "hop_64kb_us", "hop_activation_us"}
+    keys = {
+        "mode",
+        "depth",
+        "executor",
+        "samples",
+        "ms_per_sample",
+        "speedup_vs_seq_1thread",
+        "speedup_vs_seq_allcores",
+        "hop_64kb_us",
+        "hop_activation_us",
+    }
     for row in rows:
         assert keys <= row.keys(), keys - row.keys()
         assert row["samples"] == 20
-        for key in ("ms_per_sample", "speedup_vs_seq_1thread", "speedup_vs_seq_allcores",
-                    "hop_64kb_us", "hop_activation_us"):
+        for key in (
+            "ms_per_sample",
+            "speedup_vs_seq_1thread",
+            "speedup_vs_seq_allcores",
+            "hop_64kb_us",
+            "hop_activation_us",
+        ):
             assert positive(row[key]), (key, row)
     pipelined = [(r["mode"], r["depth"]) for r in rows if r["depth"] > 0]
     assert pipelined == [("inference", 1), ("inference", 2), ("learning", 1), ("learning", 2)]

@@ -32,12 +32,13 @@ def test_step_size_scale_anneals_from_lr_over_one_plus_delay_to_lr():
         scale.before_step()
         lrs.append(opt.param_groups[0]["lr"])
     # (1 + 3) ** -(1 - k / 4) for k = 0, 1, 2, 3, then 1
-    assert lrs == pytest.approx([0.3 / 4, 0.3 / 4 ** 0.75, 0.3 / 2, 0.3 / 4 ** 0.25, 0.3, 0.3])
+    assert lrs == pytest.approx([0.3 / 4, 0.3 / 4**0.75, 0.3 / 2, 0.3 / 4**0.25, 0.3, 0.3])
 
 
 def test_step_scale_divides_the_step_size_by_one_plus_the_delay_for_good():
-    opt = torch.optim.SGD([{"params": [nn.Parameter(torch.zeros(1))], "lr": 0.3},
-                           {"params": [nn.Parameter(torch.zeros(1))], "lr": 0.1}])
+    opt = torch.optim.SGD(
+        [{"params": [nn.Parameter(torch.zeros(1))], "lr": 0.3}, {"params": [nn.Parameter(torch.zeros(1))], "lr": 0.1}]
+    )
     scale_step_size(opt, delay=4)
     assert [group["lr"] for group in opt.param_groups] == pytest.approx([0.3 / 5, 0.1 / 5])
     scale_step_size(opt, delay=3, power=0.5)
@@ -58,11 +59,14 @@ def test_weight_predictor_extrapolates_along_the_velocity():
     assert predictor.predict()[0].requires_grad
 
 
-@pytest.mark.parametrize("moved, grad, factor", [
-    ([-0.5, 0.5], [1.0, 0.2], 1 - 1.5 * 0.4),  # the steps since went -0.4 along g: 1 + λ (-0.4)
-    ([0.5, 0.0], [1.0, 0.2], 1.0),  # they went against g: never enlarged
-    ([-2.0, 0.0], [1.0, 0.2], DELAY_CORRECTION_FLOOR),  # more than g asks: the least share is kept
-])
+@pytest.mark.parametrize(
+    "moved, grad, factor",
+    [
+        ([-0.5, 0.5], [1.0, 0.2], 1 - 1.5 * 0.4),  # the steps since went -0.4 along g: 1 + λ (-0.4)
+        ([0.5, 0.0], [1.0, 0.2], 1.0),  # they went against g: never enlarged
+        ([-2.0, 0.0], [1.0, 0.2], DELAY_CORRECTION_FLOOR),  # more than g asks: the least share is kept
+    ],
+)
 def test_delay_correction_shrinks_a_late_gradient_by_the_steps_taken_since(moved, grad, factor):
     param = nn.Parameter(torch.tensor([[1.0, 2.0]]))  # one output unit
     correction = DelayCorrection([("weight", param)], strength=1.5)
@@ -110,23 +114,41 @@ def test_delay_correction_scales_a_scalar_parameter_too():
 
 def test_unknown_compensation():
     assert check_compensation("lr-scale") == ("lr-scale",)
-    expected = "unknown compensation .magic.; choose 'auto' or any of step-scale, delay-correction, optimizer-prediction"
+    expected = (
+        "unknown compensation .magic.; choose 'auto' or any of step-scale, delay-correction, optimizer-prediction"
+    )
     with pytest.raises(ValueError, match=expected):
         partime.Pipeline(mlp(), 2, compensation=["magic"])
 
 
-@pytest.mark.parametrize("compensation", [("lr-scale",), ("weight-prediction",), ("delay-correction",),
-                                          ("lr-scale", "weight-prediction", "delay-correction"), ("step-scale",),
-                                          ("optimizer-prediction",), ("spike",),
-                                          ("optimizer-prediction", "long-momentum"), "auto"])
-@pytest.mark.parametrize("make_opt", [lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.5),
-                                      lambda p: torch.optim.Adam(p, lr=1e-2)], ids=["momentum", "adam"])
+@pytest.mark.parametrize(
+    "compensation",
+    [
+        ("lr-scale",),
+        ("weight-prediction",),
+        ("delay-correction",),
+        ("lr-scale", "weight-prediction", "delay-correction"),
+        ("step-scale",),
+        ("optimizer-prediction",),
+        ("spike",),
+        ("optimizer-prediction", "long-momentum"),
+        "auto",
+    ],
+)
+@pytest.mark.parametrize(
+    "make_opt",
+    [lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.5), lambda p: torch.optim.Adam(p, lr=1e-2)],
+    ids=["momentum", "adam"],
+)
 def test_compensation_changes_learning_only_where_there_is_delay_and_matches_in_processes(compensation, make_opt):
     xs, ys = classification_stream(60)
     kw = dict(loss_fn=nn.CrossEntropyLoss(), optimizer=make_opt, grad_mode="stash")
     runs = {}
-    for name, executor, comp in [("plain", "inline", ()), ("inline", "inline", compensation),
-                                 ("process", "process", compensation)]:
+    for name, executor, comp in [
+        ("plain", "inline", ()),
+        ("inline", "inline", compensation),
+        ("process", "process", compensation),
+    ]:
         with partime.Pipeline(mlp(), [3, 4], executor=executor, threads=1, compensation=comp, **kw) as pipe:
             runs[name] = [r.loss for r in pipe.stream(xs, ys)], list(pipe.module.parameters())
     assert runs["inline"][0] == runs["process"][0]
@@ -138,8 +160,13 @@ def test_compensation_changes_learning_only_where_there_is_delay_and_matches_in_
 
 @pytest.mark.parametrize("grad_mode", ["stash", "weight-stash"])
 def test_delay_correction_keeps_one_copy_of_the_weights_per_sample_in_flight(grad_mode):
-    config = StageConfig(depth=2, loss_fn=nn.MSELoss(), optimizer=lambda p: torch.optim.SGD(p, lr=0.1),
-                         grad_mode=grad_mode, compensation=("delay-correction",))
+    config = StageConfig(
+        depth=2,
+        loss_fn=nn.MSELoss(),
+        optimizer=lambda p: torch.optim.SGD(p, lr=0.1),
+        grad_mode=grad_mode,
+        compensation=("delay-correction",),
+    )
     stage = Stage(0, nn.Linear(3, 2), config)  # delay 2
     for sample in range(3):
         stage.forward(sample, torch.randn(1, 3))

@@ -50,8 +50,10 @@ def test_matches_brute_force(slack: float) -> None:
         depth = rng.randint(1, min(5, n))
         times = [float(rng.randint(0, 6)) for _ in range(n)]  # many ties
         params = [rng.choice([0, 0, 10, 500]) for _ in range(n)]
-        balances = [tuple(b - a for a, b in itertools.pairwise((0, *cuts, n)))
-                     for cuts in itertools.combinations(range(1, n), depth - 1)]
+        balances = [
+            tuple(b - a for a, b in itertools.pairwise((0, *cuts, n)))
+            for cuts in itertools.combinations(range(1, n), depth - 1)
+        ]
         bound = max(_stage_sums(times, best_split(times, depth))) * (1 + slack)
         allowed = [b for b in balances if max(_stage_sums(times, b)) <= bound]
         expected = min(allowed, key=lambda b: (_delay_cost(params, b), sorted(_stage_sums(times, b), reverse=True), b))

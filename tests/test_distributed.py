@@ -43,10 +43,18 @@ LEARNING = {  # every grad mode, each with its own optimizer
     "stash": "adam",
     "weight-stash": "sgd",
 }
-COMPENSATED = dict(loss_fn=nn.CrossEntropyLoss(), optimizer=OPTIMIZERS["sgd"], grad_mode="partime",
-                   compensation=("lr-scale", "weight-prediction", "delay-correction"))
-OPTIMIZER_AWARE = dict(loss_fn=nn.CrossEntropyLoss(), optimizer=OPTIMIZERS["adam"], grad_mode="stash",
-                       compensation=("optimizer-prediction", "long-momentum", "spike"))
+COMPENSATED = dict(
+    loss_fn=nn.CrossEntropyLoss(),
+    optimizer=OPTIMIZERS["sgd"],
+    grad_mode="partime",
+    compensation=("lr-scale", "weight-prediction", "delay-correction"),
+)
+OPTIMIZER_AWARE = dict(
+    loss_fn=nn.CrossEntropyLoss(),
+    optimizer=OPTIMIZERS["adam"],
+    grad_mode="stash",
+    compensation=("optimizer-prediction", "long-momentum", "spike"),
+)
 SAMPLES = 40
 FAIL_AT = 13
 STOP = 17  # a checkpoint is taken after this many steps, in the middle of the segment
@@ -181,12 +189,20 @@ def rank_main(scenario, out):
             seen[grad_mode] = run("distributed", mlp(), BALANCES[depth], xs, ys, **learning(grad_mode))
         seen["compensated"] = run("distributed", mlp(), BALANCES[depth], xs, ys, **COMPENSATED)
         seen["optimizer-aware"] = run("distributed", mlp(), BALANCES[depth], xs, ys, **OPTIMIZER_AWARE)
-        seen["tuple"] = run("distributed", tuple_model(), TUPLE_BALANCES[depth], xs, loss_fn=reconstruction_loss,
-                            optimizer=OPTIMIZERS["sgd"], grad_mode="weight-stash")
+        seen["tuple"] = run(
+            "distributed",
+            tuple_model(),
+            TUPLE_BALANCES[depth],
+            xs,
+            loss_fn=reconstruction_loss,
+            optimizer=OPTIMIZERS["sgd"],
+            grad_mode="weight-stash",
+        )
         seen["trace"] = trace("distributed", depth)
         strided_xs, strided_ys = strided_frames(SAMPLES)
-        seen["strided"] = run("distributed", conv_net(), CONV_BALANCES[depth], strided_xs, strided_ys,
-                              **learning("stash"))
+        seen["strided"] = run(
+            "distributed", conv_net(), CONV_BALANCES[depth], strided_xs, strided_ys, **learning("stash")
+        )
         seen["skip inference"] = skipping("distributed", depth)
         for grad_mode in LEARNING:
             seen[f"skip {grad_mode}"] = skipping("distributed", depth, grad_mode)
@@ -229,13 +245,24 @@ def launch(out, depth, scenario, timeout=90.0):
     port = _free_port()
     procs, logs = [], []
     for rank in range(depth):
-        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                   WORLD_SIZE=str(depth), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(depth),
-                   GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
+        env = dict(
+            os.environ,
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            RANK=str(rank),
+            WORLD_SIZE=str(depth),
+            LOCAL_RANK=str(rank),
+            LOCAL_WORLD_SIZE=str(depth),
+            GLOO_SOCKET_IFNAME="lo",
+            OMP_NUM_THREADS="1",
+        )
         logs.append(Path(out, f"rank{rank}.log"))
         with open(logs[-1], "w") as log:
-            procs.append(subprocess.Popen([sys.executable, __file__, scenario, str(out)], env=env,
-                                          stdout=log, stderr=subprocess.STDOUT))
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, __file__, scenario, str(out)], env=env, stdout=log, stderr=subprocess.STDOUT
+                )
+            )
     ended = [None] * depth
     deadline = time.monotonic() + timeout
     try:
@@ -369,10 +396,10 @@ def test_a_run_stopped_mid_segment_resumes_exactly_from_a_checkpoint(checkpoints
     assert_same(whole, (results, params, None))
     rest, params = seen[f"{name} from inline"]  # resumed from a checkpoint of the inline executor
     assert rest[0][0] == STOP - (depth - 1)
-    assert_same_results(rest, whole[0][rest[0][0]:])
+    assert_same_results(rest, whole[0][rest[0][0] :])
     assert all(torch.equal(p, q) for p, q in zip(params, whole[1], strict=True))
     rest, params = resumed("inline", depth, grad_mode, Path(out, f"{name}.pt"))  # the other way round
-    assert_same_results(rest, whole[0][rest[0][0]:])
+    assert_same_results(rest, whole[0][rest[0][0] :])
     assert all(torch.equal(p, q) for p, q in zip(params, whole[1], strict=True))
     if grad_mode:
         assert not torch.equal(params[0], next(mlp().parameters()))  # it learnt

@@ -114,7 +114,10 @@ def test_a_loss_that_is_not_a_scalar(executor):
         return nn.functional.cross_entropy(out, y, reduction="none")
 
     xs, ys = classification_stream(5)
-    with pytest.raises(partime.StageError, match=r"stage 1, sample 0, loss: ValueError: loss_fn must return a scalar tensor, got \(2,\)"):
+    with pytest.raises(
+        partime.StageError,
+        match=r"stage 1, sample 0, loss: ValueError: loss_fn must return a scalar tensor, got \(2,\)",
+    ):
         with partime.Pipeline(mlp(), [3, 4], executor=executor, loss_fn=per_row, optimizer=sgd) as pipe:
             list(pipe.stream(xs, ys))
     assert multiprocessing.active_children() == []
@@ -133,7 +136,9 @@ def test_a_non_finite_loss_raises_by_default(executor):
     scales[5] = float("inf")
     targets = list(zip(ys, scales))
     with partime.Pipeline(mlp(), [3, 4], executor=executor, loss_fn=scaled_loss, optimizer=sgd) as pipe:
-        with pytest.raises(partime.StageError, match="sample 5, loss: FloatingPointError: the loss of sample 5 is not finite: inf"):
+        with pytest.raises(
+            partime.StageError, match="sample 5, loss: FloatingPointError: the loss of sample 5 is not finite: inf"
+        ):
             list(pipe.stream(xs, targets))
         # after a failure nothing more is fed
         with pytest.raises(partime.PipelineClosedError, match="stopped after an error: stage 1, sample 5"):
@@ -147,8 +152,11 @@ def test_a_non_finite_input_is_refused_by_default_and_the_pipeline_goes_on(execu
     bad[1, 3], bad[0, 4] = float("nan"), float("-inf")
     with partime.Pipeline(mlp(), [3, 4], executor=executor, loss_fn=nn.CrossEntropyLoss(), optimizer=sgd) as pipe:
         pipe.step(xs[0], ys[0])
-        with pytest.raises(ValueError, match=r"sample 1 is not finite: it has 2 non-finite values, the first -inf at "
-                                             r"index \(0, 4\); pass nonfinite='skip'"):
+        with pytest.raises(
+            ValueError,
+            match=r"sample 1 is not finite: it has 2 non-finite values, the first -inf at "
+            r"index \(0, 4\); pass nonfinite='skip'",
+        ):
             pipe.step(bad, ys[1])
         rest = [pipe.step(x, y) for x, y in zip(xs[1:], ys[1:])] + pipe.flush()
     assert [r.index for r in rest if r is not None] == [0, 2, 3, 4]  # the refused sample used up index 1

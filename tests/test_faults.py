@@ -31,8 +31,9 @@ def pipeline(executor, stage=-1, sample=-1, phase="forward", depth=DEPTH):
     loss = TripLoss(sample if phase == "loss" else -1)
     optimizer = TripOptimizer(stage, sample) if phase == "step" else TripOptimizer()
     # stash: a stage's backward of sample s runs on s's own input, so the trip sees s's tag
-    return partime.Pipeline(model, [2] * depth, executor=executor, loss_fn=loss, optimizer=optimizer,
-                            grad_mode="stash", threads=1)
+    return partime.Pipeline(
+        model, [2] * depth, executor=executor, loss_fn=loss, optimizer=optimizer, grad_mode="stash", threads=1
+    )
 
 
 def assert_nothing_left(names):
@@ -54,7 +55,9 @@ def test_a_failure_names_stage_sample_and_phase(executor, stage, phase):
                 pipe.step(x, y)
             pipe.flush()
         elapsed = time.monotonic() - fed
-        with pytest.raises(partime.PipelineClosedError, match=f"stopped after an error: stage {stage}, sample {SAMPLE}"):
+        with pytest.raises(
+            partime.PipelineClosedError, match=f"stopped after an error: stage {stage}, sample {SAMPLE}"
+        ):
             pipe.step(xs[0], ys[0])
     error = info.value
     assert (error.stage, error.sample, error.phase) == (stage, SAMPLE, phase)

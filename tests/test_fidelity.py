@@ -34,12 +34,14 @@ def test_each_stream_and_optimizer_learns_at_its_best_step_size():
     tuning = fid.tuning_configs(["digits", "camera"], ["sgd", "adam"])
     assert len(tuning) == 2 * (len(fid.LR_GRID["sgd"]) + len(fid.LR_GRID["adam"]))
     assert {c.seed for c in tuning} == {fid.TUNING_SEED} and {c.depth for c in tuning} == {1}
-    rows = [dict(stream="digits", optimizer="sgd", lr=0.1, accuracy=0.8, loss=1.0, diverged_at=None),
-            dict(stream="digits", optimizer="sgd", lr=0.3, accuracy=0.9, loss=None, diverged_at=5),
-            dict(stream="digits", optimizer="sgd", lr=0.03, accuracy=0.7, loss=1.2, diverged_at=None),
-            dict(stream="camera", optimizer="sgd", lr=0.1, accuracy=None, loss=0.02, diverged_at=None),
-            dict(stream="camera", optimizer="sgd", lr=1.0, accuracy=None, loss=0.01, diverged_at=None),
-            dict(stream="camera", optimizer="sgd", lr=3.0, accuracy=None, loss=None, diverged_at=9)]
+    rows = [
+        dict(stream="digits", optimizer="sgd", lr=0.1, accuracy=0.8, loss=1.0, diverged_at=None),
+        dict(stream="digits", optimizer="sgd", lr=0.3, accuracy=0.9, loss=None, diverged_at=5),
+        dict(stream="digits", optimizer="sgd", lr=0.03, accuracy=0.7, loss=1.2, diverged_at=None),
+        dict(stream="camera", optimizer="sgd", lr=0.1, accuracy=None, loss=0.02, diverged_at=None),
+        dict(stream="camera", optimizer="sgd", lr=1.0, accuracy=None, loss=0.01, diverged_at=None),
+        dict(stream="camera", optimizer="sgd", lr=3.0, accuracy=None, loss=None, diverged_at=9),
+    ]
     assert fid.best_step_sizes(rows) == {("digits", "sgd"): 0.1, ("camera", "sgd"): 1.0}
 
 
@@ -58,10 +60,12 @@ def test_the_shuffled_control_is_cut_as_moving_digits_and_planned_once(monkeypat
 
 
 def test_summary_gaps_are_against_sequential():
-    rows = [dict(stream="digits", label="sequential", depth=1, accuracy=0.80, loss=1.0),
-            dict(stream="digits", label="D=2 stash", depth=2, accuracy=0.75, loss=1.2),
-            dict(stream="camera", label="sequential", depth=1, accuracy=None, loss=0.010),
-            dict(stream="camera", label="D=2 stash", depth=2, accuracy=None, loss=0.012)]
+    rows = [
+        dict(stream="digits", label="sequential", depth=1, accuracy=0.80, loss=1.0),
+        dict(stream="digits", label="D=2 stash", depth=2, accuracy=0.75, loss=1.2),
+        dict(stream="camera", label="sequential", depth=1, accuracy=None, loss=0.010),
+        dict(stream="camera", label="D=2 stash", depth=2, accuracy=None, loss=0.012),
+    ]
     lines = {(line["stream"], line["label"]): line for line in fid.summarise(rows)}
     assert lines["digits", "D=2 stash"]["gap"] == pytest.approx(-5.0)
     assert lines["camera", "D=2 stash"]["gap"] == pytest.approx(20.0)
@@ -70,10 +74,12 @@ def test_summary_gaps_are_against_sequential():
 
 
 def test_the_end_of_the_stream_has_its_own_gap():
-    rows = [dict(stream="digits", label="sequential", depth=1, accuracy=0.80, late_accuracy=0.90),
-            dict(stream="digits", label="D=2 stash", depth=2, accuracy=0.75, late_accuracy=0.88),
-            dict(stream="camera", label="sequential", depth=1, loss=0.010, late_loss=0.004),
-            dict(stream="camera", label="D=2 stash", depth=2, loss=0.012, late_loss=0.005)]
+    rows = [
+        dict(stream="digits", label="sequential", depth=1, accuracy=0.80, late_accuracy=0.90),
+        dict(stream="digits", label="D=2 stash", depth=2, accuracy=0.75, late_accuracy=0.88),
+        dict(stream="camera", label="sequential", depth=1, loss=0.010, late_loss=0.004),
+        dict(stream="camera", label="D=2 stash", depth=2, loss=0.012, late_loss=0.005),
+    ]
     lines = {(line["stream"], line["label"]): line for line in fid.summarise(rows)}
     assert lines["digits", "D=2 stash"]["late_gap"] == pytest.approx(-2.0)
     assert lines["camera", "D=2 stash"]["late_gap"] == pytest.approx(25.0)
@@ -96,8 +102,23 @@ def test_the_last_quarter_is_scored_on_its_own(stream):
 
 
 def test_a_tiny_run_writes_json_markdown_and_png(tmp_path):
-    args = ["fidelity", "--frames", "12", "--seeds", "1", "--depths", "2", "--streams", "digits,camera",
-            "--optimizer", "sgd,adam", "--jobs", "1", "--out", str(tmp_path)]
+    args = [
+        "fidelity",
+        "--frames",
+        "12",
+        "--seeds",
+        "1",
+        "--depths",
+        "2",
+        "--streams",
+        "digits,camera",
+        "--optimizer",
+        "sgd,adam",
+        "--jobs",
+        "1",
+        "--out",
+        str(tmp_path),
+    ]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
     data = json.loads((tmp_path / "fidelity.json").read_text())
@@ -134,10 +155,18 @@ def test_the_headline_gives_the_best_configuration_and_the_default_at_each_depth
     assert default == "D=4 stash + step-scale + optimizer-prediction + long-momentum"
     rows = []
     for opt in ("sgd", "adam"):
-        rows += [dict(stream="digits", optimizer=opt, lr=0.1, label="sequential", depth=1, accuracy=0.80),
-                 dict(stream="digits", optimizer=opt, lr=0.1, label="D=4 stash", depth=4, accuracy=0.70),
-                 dict(stream="digits", optimizer=opt, lr=0.1, label=fid.default_label(4, opt), depth=4,
-                      accuracy=0.75 if opt == "adam" else 0.60)]
+        rows += [
+            dict(stream="digits", optimizer=opt, lr=0.1, label="sequential", depth=1, accuracy=0.80),
+            dict(stream="digits", optimizer=opt, lr=0.1, label="D=4 stash", depth=4, accuracy=0.70),
+            dict(
+                stream="digits",
+                optimizer=opt,
+                lr=0.1,
+                label=fid.default_label(4, opt),
+                depth=4,
+                accuracy=0.75 if opt == "adam" else 0.60,
+            ),
+        ]
     text = fid.markdown(fid.summarise(rows))
     assert "| SGD | 4 | -10.0 stash | -20.0 |" in text
     assert "| Adam | 4 | -5.0 stash + step-scale + optimizer-prediction + long-momentum | -5.0 |" in text

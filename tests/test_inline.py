@@ -30,8 +30,13 @@ def sgd(lr):
 
 def run(model, depth, xs, ys, grad_mode, lr=0.1):
     with partime.Pipeline(
-        model, [len(model) // depth] * depth, executor="inline", loss_fn=half_square,
-        optimizer=sgd(lr), grad_mode=grad_mode, compensation=(),  # the tick rules alone
+        model,
+        [len(model) // depth] * depth,
+        executor="inline",
+        loss_fn=half_square,
+        optimizer=sgd(lr),
+        grad_mode=grad_mode,
+        compensation=(),  # the tick rules alone
     ) as pipe:
         results = list(pipe.stream(xs, ys))
         return results, pipe.module
@@ -120,12 +125,26 @@ def test_matches_the_spec_written_by_hand(grad_mode, depth):
         assert len({tuple(v) for v in others.values()}) == 3
 
 
-@pytest.mark.parametrize("compensation", [(), ("lr-scale",), ("weight-prediction",), ("delay-correction",),
-                                          ("optimizer-prediction",), ("spike",), ("long-momentum",), ("step-scale",),
-                                          "auto"])
+@pytest.mark.parametrize(
+    "compensation",
+    [
+        (),
+        ("lr-scale",),
+        ("weight-prediction",),
+        ("delay-correction",),
+        ("optimizer-prediction",),
+        ("spike",),
+        ("long-momentum",),
+        ("step-scale",),
+        "auto",
+    ],
+)
 @pytest.mark.parametrize("grad_mode", ["partime", "stash", "weight-stash"])
-@pytest.mark.parametrize("make_opt", [sgd(0.05), lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9),
-                                      lambda p: torch.optim.Adam(p, lr=1e-3)], ids=["sgd", "momentum", "adam"])
+@pytest.mark.parametrize(
+    "make_opt",
+    [sgd(0.05), lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9), lambda p: torch.optim.Adam(p, lr=1e-3)],
+    ids=["sgd", "momentum", "adam"],
+)
 def test_depth_one_is_plain_online_learning(grad_mode, make_opt, compensation):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 3))
@@ -141,8 +160,9 @@ def test_depth_one_is_plain_online_learning(grad_mode, make_opt, compensation):
         loss.backward()
         opt.step()
         expected.append((out.detach(), loss.item()))
-    with partime.Pipeline(model, 1, executor="inline", loss_fn=loss_fn, optimizer=make_opt,
-                          grad_mode=grad_mode, compensation=compensation) as pipe:
+    with partime.Pipeline(
+        model, 1, executor="inline", loss_fn=loss_fn, optimizer=make_opt, grad_mode=grad_mode, compensation=compensation
+    ) as pipe:
         results = list(pipe.stream(xs, ys))
         trained = pipe.module
     for r, (out, loss) in zip(results, expected, strict=True):

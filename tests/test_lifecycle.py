@@ -187,16 +187,20 @@ def test_a_refused_sample_uses_up_its_index(executor):
 def test_each_result_carries_its_target_and_a_stream_of_pairs_needs_no_ys(executor):
     pairs = list(moving_digits(10, seed=1))
     model = nn.Sequential(nn.Flatten(0), nn.Linear(pairs[0][0].numel(), 16), nn.ReLU(), nn.Linear(16, 10))
-    kw = dict(loss_fn=lambda out, y: nn.functional.cross_entropy(out[None], y.reshape(1)),
-              optimizer=lambda params: torch.optim.SGD(params, lr=0.1))
+    kw = dict(
+        loss_fn=lambda out, y: nn.functional.cross_entropy(out[None], y.reshape(1)),
+        optimizer=lambda params: torch.optim.SGD(params, lr=0.1),
+    )
     with partime.Pipeline(model, [2, 2], executor=executor, threads=1, **kw) as pipe:
         from_pairs = list(pipe.stream(pairs))
     with partime.Pipeline(model, [2, 2], executor=executor, threads=1, **kw) as pipe:
         from_ys = list(pipe.stream([x for x, _ in pairs], [y for _, y in pairs]))
     assert [r.loss for r in from_pairs] == [r.loss for r in from_ys]
     assert all(torch.equal(r.target, y) for r, (_, y) in zip(from_pairs, pairs, strict=True))
-    with partime.Pipeline(model, [2, 2], executor=executor, threads=1, **kw) as pipe, \
-            pytest.raises(ValueError, match="every item of xs must be a pair"):
+    with (
+        partime.Pipeline(model, [2, 2], executor=executor, threads=1, **kw) as pipe,
+        pytest.raises(ValueError, match="every item of xs must be a pair"),
+    ):
         list(pipe.stream(x for x, _ in pairs))
 
 
@@ -215,8 +219,10 @@ def test_a_target_is_copied_when_it_is_fed():
 def test_a_run_that_skips_most_samples_says_so(caplog):
     xs, _ = classification_stream(260)
     kw = dict(loss_fn=lambda out: ((out - 1) ** 2).mean(), optimizer=lambda params: torch.optim.SGD(params, lr=50.0))
-    with caplog.at_level(logging.WARNING, logger="partime.pipeline"), \
-            partime.Pipeline(mlp(), [3, 4], executor="inline", nonfinite="skip", **kw) as pipe:
+    with (
+        caplog.at_level(logging.WARNING, logger="partime.pipeline"),
+        partime.Pipeline(mlp(), [3, 4], executor="inline", nonfinite="skip", **kw) as pipe,
+    ):
         results = list(pipe.stream(xs))
     skipped = sum(r.skipped for r in results)
     assert skipped > 200  # it diverged
@@ -250,7 +256,8 @@ def test_after_a_break_out_of_a_stream_the_results_in_flight_come_out_first(exec
         rest = list(pipe.stream(xs[6:], ys[6:]))
     # when result 2 was handed out, samples 0 to 4 had been fed (the stream runs a tick ahead): 3 and 4
     # come out of the next stream, first, and sample 5 was never offered
-    reference = losses(partime.Pipeline(mlp(), [3, 4], executor="inline", **SGD),
-                       [*xs[:5], *xs[6:]], [*ys[:5], *ys[6:]])
+    reference = losses(
+        partime.Pipeline(mlp(), [3, 4], executor="inline", **SGD), [*xs[:5], *xs[6:]], [*ys[:5], *ys[6:]]
+    )
     assert [r.index for r in first + rest] == list(range(9))
     assert [r.loss for r in first + rest] == reference

@@ -46,8 +46,9 @@ def test_the_installed_distribution_requires_only_torch_numpy_and_cloudpickle() 
 def test_the_command_without_the_tools_extra_says_how_to_install_it() -> None:
     # `import click` fails as if click were not installed; the shim must say so, not print a traceback.
     code = "import sys; sys.modules['click'] = None; from partime.__main__ import main; main()"
-    run = subprocess.run([sys.executable, "-c", code, "--help"], capture_output=True, text=True, check=False,
-                         timeout=60)
+    run = subprocess.run(
+        [sys.executable, "-c", code, "--help"], capture_output=True, text=True, check=False, timeout=60
+    )
     assert run.returncode == 1
     assert "pip install partime[tools]" in run.stderr and "click" in run.stderr
     assert "Traceback" not in run.stderr

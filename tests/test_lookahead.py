@@ -37,7 +37,7 @@ def test_momentum_prediction_is_the_optimizer_run_on_with_no_new_gradient(nester
     # by hand: buf = 0.9 * 2 - 0.5 = 1.3; the next three steps with g = 0 move by lr * 0.9^k * buf
     # (Nesterov: lr * 0.9^(k+1) * buf)
     powers = (2, 3, 4) if nesterov else (1, 2, 3)
-    assert predicted.item() == pytest.approx(param.item() - 0.1 * 1.3 * sum(0.9 ** k for k in powers), rel=1e-12)
+    assert predicted.item() == pytest.approx(param.item() - 0.1 * 1.3 * sum(0.9**k for k in powers), rel=1e-12)
     for _ in range(3):  # and it is where the optimizer itself goes
         step(opt, param, 0.0)
     assert predicted.item() == pytest.approx(param.item(), rel=1e-12)
@@ -61,7 +61,7 @@ def test_adam_prediction_by_hand(decoupled):
     v = 0.9 * (0.1 * 4.0) + 0.1 * 1.0
     expected = param.item()
     for k in (1, 2):  # t = 2 steps taken
-        expected -= 0.01 * 0.8 ** k / (1 - 0.8 ** (2 + k)) * m / (math.sqrt(v / (1 - 0.9 ** (2 + k))) + 1e-6)
+        expected -= 0.01 * 0.8**k / (1 - 0.8 ** (2 + k)) * m / (math.sqrt(v / (1 - 0.9 ** (2 + k))) + 1e-6)
     if decoupled:
         expected -= 2 * 0.01 * 0.1 * param.item()
     assert OptimizerPrediction(opt, [param], delay=2).predict()[0].item() == pytest.approx(expected, rel=1e-12)
@@ -71,7 +71,7 @@ def test_spike_compensation_of_momentum_by_hand():
     param, tau, lr, mu = scalar(), 2, 0.1, 0.9
     opt = torch.optim.SGD([param], lr=lr, momentum=mu)
     spike = SpikeCompensation(opt, [param], tau)
-    a, b = mu ** tau, (1 - mu ** tau) / (1 - mu)
+    a, b = mu**tau, (1 - mu**tau) / (1 - mu)
     expected, buf = param.item(), 0.0
     for g in (2.0, -0.5, 1.0):
         buf = mu * buf + g
@@ -90,8 +90,8 @@ def test_spike_compensation_of_adam_by_hand():
     expected, m, v = param.item(), 0.0, 0.0
     for t, g in enumerate((2.0, -0.5, 1.0), start=1):
         m, v = b1 * m + (1 - b1) * g, b2 * v + (1 - b2) * g * g
-        wanted = b1 ** tau * m + (1 - b1 ** tau) * g  # the average, as late as the gradient is
-        expected -= lr * wanted / (1 - b1 ** t) / (math.sqrt(v / (1 - b2 ** t)) + eps)
+        wanted = b1**tau * m + (1 - b1**tau) * g  # the average, as late as the gradient is
+        expected -= lr * wanted / (1 - b1**t) / (math.sqrt(v / (1 - b2**t)) + eps)
         param.grad = torch.tensor([g], dtype=torch.float64)
         spike.before_step()
         opt.step()
@@ -116,15 +116,26 @@ def test_long_momentum_keeps_the_steady_step_of_sgd_and_lengthens_adams_average(
 @pytest.mark.parametrize("compensation", ["optimizer-prediction", "spike", "long-momentum"])
 def test_an_optimizer_they_do_not_know_is_refused_when_the_pipeline_is_made(compensation):
     with pytest.raises(TypeError, match=f"compensation '{compensation}' .* supports torch.optim.SGD .*got RMSprop"):
-        partime.Pipeline(mlp(), [3, 4], executor="inline", loss_fn=nn.CrossEntropyLoss(),
-                         optimizer=lambda p: torch.optim.RMSprop(p), compensation=compensation)
+        partime.Pipeline(
+            mlp(),
+            [3, 4],
+            executor="inline",
+            loss_fn=nn.CrossEntropyLoss(),
+            optimizer=lambda p: torch.optim.RMSprop(p),
+            compensation=compensation,
+        )
 
 
 def test_spike_refuses_nesterov():
     with pytest.raises(ValueError, match="nesterov=True"):
-        partime.Pipeline(mlp(), [3, 4], executor="inline", loss_fn=nn.CrossEntropyLoss(),
-                         optimizer=lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, nesterov=True),
-                         compensation="spike")
+        partime.Pipeline(
+            mlp(),
+            [3, 4],
+            executor="inline",
+            loss_fn=nn.CrossEntropyLoss(),
+            optimizer=lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, nesterov=True),
+            compensation="spike",
+        )
 
 
 def test_the_two_predictions_do_not_go_together():
@@ -132,12 +143,15 @@ def test_the_two_predictions_do_not_go_together():
         partime.Pipeline(mlp(), 2, compensation=["weight-prediction", "optimizer-prediction"])
 
 
-@pytest.mark.parametrize("make_opt, kind", [
-    (lambda p: torch.optim.SGD(p, lr=0.1), "sgd"),
-    (lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9), "momentum"),
-    (lambda p: torch.optim.Adam(p), "adam"),
-    (lambda p: torch.optim.AdamW(p), "adam"),
-])
+@pytest.mark.parametrize(
+    "make_opt, kind",
+    [
+        (lambda p: torch.optim.SGD(p, lr=0.1), "sgd"),
+        (lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9), "momentum"),
+        (lambda p: torch.optim.Adam(p), "adam"),
+        (lambda p: torch.optim.AdamW(p), "adam"),
+    ],
+)
 def test_auto_chooses_by_the_kind_of_optimizer(make_opt, kind):
     opt = make_opt([scalar()])
     assert optimizer_kind(opt) == kind

@@ -33,8 +33,9 @@ def stream(n, holes=(), infinite=()):
 
 
 def run(executor, balance, xs, ys, **kw):
-    with partime.Pipeline(mlp(), balance, executor=executor, threads=1, loss_fn=scaled_loss, optimizer=sgd,
-                          nonfinite="skip", **kw) as pipe:
+    with partime.Pipeline(
+        mlp(), balance, executor=executor, threads=1, loss_fn=scaled_loss, optimizer=sgd, nonfinite="skip", **kw
+    ) as pipe:
         return list(pipe.stream(xs, ys)), pipe.module
 
 

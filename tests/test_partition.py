@@ -44,9 +44,7 @@ from partime.partition import (
         ([0.0, 0.0, 2.0], 2, (1, 2)),  # 0 | 2 either way: fewer layers first
     ],
 )
-def test_best_split_known_optimum(
-    times: list[float], depth: int, expected: tuple[int, ...]
-) -> None:
+def test_best_split_known_optimum(times: list[float], depth: int, expected: tuple[int, ...]) -> None:
     assert best_split(times, depth) == expected
 
 
@@ -112,9 +110,7 @@ def test_partition_derived_values() -> None:
     assert str(p) == "3 stages: [2, 3, 3] layers, predicted 1.20 / 1.31 / 1.18 ms"
     assert str(Partition((4,))) == "1 stage: [4] layers"
     assert Partition((1, 1)).stage_times is None
-    assert str(Partition((1, 1), (2e-6, 3.5e-6))) == (
-        "2 stages: [1, 1] layers, predicted 2.00 / 3.50 us"
-    )
+    assert str(Partition((1, 1), (2e-6, 3.5e-6))) == ("2 stages: [1, 1] layers, predicted 2.00 / 3.50 us")
 
 
 def test_partition_validates() -> None:
@@ -152,8 +148,10 @@ def test_check_balance_accepts(balance: int | list[int]) -> None:
             _five(),
             7,
             ValueError,
-            (r"cannot cut 5 layers into 7 stages: a stage needs at least one layer "
-            r"\(balance: 7, layers: 5\)"),
+            (
+                r"cannot cut 5 layers into 7 stages: a stage needs at least one layer "
+                r"\(balance: 7, layers: 5\)"
+            ),
         ),
         (_five(), 0, ValueError, r"cannot cut 5 layers into 0 stages.*\(balance: 0, layers: 5\)"),
         (_five(), -2, ValueError, r"into -2 stages"),
@@ -165,8 +163,10 @@ def test_check_balance_accepts(balance: int | list[int]) -> None:
             _five(),
             [2, 2],
             ValueError,
-            (r"balance and number of layers differ "
-            r"\(layers: 5, sum of balance: 4, balance: \[2, 2\]\)"),
+            (
+                r"balance and number of layers differ "
+                r"\(layers: 5, sum of balance: 4, balance: \[2, 2\]\)"
+            ),
         ),
         (_five(), [3, 3], ValueError, r"\(layers: 5, sum of balance: 6, balance: \[3, 3\]\)"),
         (
@@ -185,9 +185,7 @@ def test_check_balance_accepts(balance: int | list[int]) -> None:
         (_five(), [True, 4], TypeError, r"got bool \(True\) at index 0"),
     ],
 )
-def test_check_balance_rejects(
-    model: nn.Module, balance: object, error: type[Exception], match: str
-) -> None:
+def test_check_balance_rejects(model: nn.Module, balance: object, error: type[Exception], match: str) -> None:
     with pytest.raises(error, match=match):
         check_balance(model, balance)  # type: ignore[arg-type]
 
@@ -360,8 +358,9 @@ def test_plan_for_learning_gives_the_expensive_child_to_the_last_stage() -> None
     assert p.balance == (1, 1, 4), str(p)
     params = [sum(q.numel() for q in child.parameters()) for child in model]
     assert p.balance == delay_aware_split(p.layer_times, params, 3)
-    assert max(p.stage_times) <= (1 + DELAY_SLACK) * max(Partition(best_split(p.layer_times, 3),
-                                                                   p.layer_times).stage_times)
+    assert max(p.stage_times) <= (1 + DELAY_SLACK) * max(
+        Partition(best_split(p.layer_times, 3), p.layer_times).stage_times
+    )
     assert all(q.grad is None for q in model.parameters())
 
 

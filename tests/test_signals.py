@@ -45,8 +45,9 @@ def _default_sigint() -> None:
 GROUP = "SIGKILL-to-the-process-group"  # as `timeout -s KILL` or a job scheduler does
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL, GROUP],
-                         ids=lambda s: s if isinstance(s, str) else s.name)
+@pytest.mark.parametrize(
+    "signum", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL, GROUP], ids=lambda s: s if isinstance(s, str) else s.name
+)
 def test_a_signal_to_the_caller_ends_it_with_its_workers_and_shared_memory(signum, tmp_path):
     script = tmp_path / "stream_forever.py"
     script.write_text(textwrap.dedent(SCRIPT))
@@ -54,8 +55,15 @@ def test_a_signal_to_the_caller_ends_it_with_its_workers_and_shared_memory(signu
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tests.parent / "src"), str(tests)]))
     # as from a terminal: a job that a shell started in the background (`make test &`) has SIGINT
     # ignored, and its children inherit that, so Ctrl-C's default is given back to the caller
-    main = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env=env, text=True, preexec_fn=_default_sigint, start_new_session=signum == GROUP)
+    main = subprocess.Popen(
+        [sys.executable, str(script)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        text=True,
+        preexec_fn=_default_sigint,
+        start_new_session=signum == GROUP,
+    )
     try:
         assert main.stdout.readline() == "running\n", main.stderr.read()
         family = psutil.Process(main.pid).children(recursive=True)

@@ -13,7 +13,10 @@ gradient) per tick would grow by 64 KB x 1,600 = 100 MB for inference, 30 MB for
 
 
 def test_summarise_measures_from_the_end_of_the_warm_up():
-    records = [{"sample": k, "rss_mb": {"caller": mb, "stage 0": 10.0}} for k, mb in [(1, 5.0), (50, 9.0), (100, 12.0), (150, 11.0)]]
+    records = [
+        {"sample": k, "rss_mb": {"caller": mb, "stage 0": 10.0}}
+        for k, mb in [(1, 5.0), (50, 9.0), (100, 12.0), (150, 11.0)]
+    ]
     assert summarise(records, 50) == {
         "caller": {"start_mb": 9.0, "end_mb": 11.0, "growth_mb": 3.0},
         "stage 0": {"start_mb": 10.0, "end_mb": 10.0, "growth_mb": 0.0},

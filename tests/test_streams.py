@@ -183,10 +183,12 @@ def test_data_ships_with_scikit_learn(monkeypatch: pytest.MonkeyPatch) -> None:
     assert photos.shape == (2, 3, 107, 160)
 
 
-@pytest.mark.parametrize(("blocked", "stream"), [(("sklearn", "sklearn.datasets"), moving_digits),
-                                                 (("PIL",), panning_camera)])
+@pytest.mark.parametrize(
+    ("blocked", "stream"), [(("sklearn", "sklearn.datasets"), moving_digits), (("PIL",), panning_camera)]
+)
 def test_streams_without_their_data_readers_say_which_extra_to_install(
-        monkeypatch: pytest.MonkeyPatch, blocked: tuple[str, ...], stream: Callable[[int], Iterator[object]]) -> None:
+    monkeypatch: pytest.MonkeyPatch, blocked: tuple[str, ...], stream: Callable[[int], Iterator[object]]
+) -> None:
     for name in blocked:
         monkeypatch.setitem(sys.modules, name, None)  # makes `import name` fail as if it were not installed
     streams._digits.cache_clear()

@@ -36,8 +36,16 @@ def test_learning_matches_inline(depth, grad_mode, opt):
     assert no_stage_thread_left()
 
 
-@pytest.mark.parametrize("compensation", ["auto", ("delay-correction", "lr-scale"), ("weight-prediction",),
-                                          ("optimizer-prediction", "long-momentum"), ("spike",)])
+@pytest.mark.parametrize(
+    "compensation",
+    [
+        "auto",
+        ("delay-correction", "lr-scale"),
+        ("weight-prediction",),
+        ("optimizer-prediction", "long-momentum"),
+        ("spike",),
+    ],
+)
 def test_every_compensation_matches_inline(compensation):
     xs, ys = classification_stream(100)
     kw = dict(loss_fn=nn.CrossEntropyLoss(), optimizer=OPTIMIZERS["sgd"], compensation=compensation)
@@ -100,7 +108,7 @@ def test_checkpoints_move_between_thread_inline_and_process(tmp_path, source, in
         pipe.save(tmp_path / "run.pt")
     with partime.Pipeline(mlp(seed=1), BALANCES[3], executor=into, **kw) as pipe:
         pipe.load(tmp_path / "run.pt")
-        rest = list(pipe.stream(xs[pipe.fed:], ys[pipe.fed:]))
+        rest = list(pipe.stream(xs[pipe.fed :], ys[pipe.fed :]))
         model = pipe.module
     assert [(r.index, r.loss) for r in first + rest] == [(r.index, r.loss) for r in whole]
     assert all(torch.equal(p, q) for p, q in zip(model.parameters(), whole_model.parameters(), strict=True))
@@ -112,8 +120,10 @@ def test_a_failing_stage_names_stage_sample_and_phase_and_leaves_no_thread(stage
     model = tripping_model(3, stage, 6, phase) if phase in ("forward", "backward") else tripping_model(3)
     loss = TripLoss(6 if phase == "loss" else -1)
     optimizer = TripOptimizer(stage, 6) if phase == "step" else TripOptimizer()
-    with pytest.raises(partime.StageError) as info, \
-            partime.Pipeline(model, [2, 2, 2], executor="thread", loss_fn=loss, optimizer=optimizer, threads=1) as pipe:
+    with (
+        pytest.raises(partime.StageError) as info,
+        partime.Pipeline(model, [2, 2, 2], executor="thread", loss_fn=loss, optimizer=optimizer, threads=1) as pipe,
+    ):
         for x, y in zip(xs, ys):
             pipe.step(x, y)
     error = info.value
@@ -179,8 +189,9 @@ def test_an_unguarded_script_with_its_own_classes_streams_through_threads_and_pr
     if how == "file":
         done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, check=False)
     else:
-        done = subprocess.run([sys.executable, "-"], input=script.read_text(), capture_output=True, text=True,
-                              timeout=120, check=False)
+        done = subprocess.run(
+            [sys.executable, "-"], input=script.read_text(), capture_output=True, text=True, timeout=120, check=False
+        )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["thread", "True", "process", "True"]  # and nothing ran twice
     assert time.monotonic() - started < 120

@@ -127,16 +127,22 @@ def test_check_balance_names_a_shared_buffer() -> None:
     norm = nn.BatchNorm1d(8)
     model = nn.Sequential(norm, nn.ReLU(), nn.Linear(8, 8), nn.Linear(8, 8))
     model[2].register_buffer("mean", norm.running_mean)
-    with pytest.raises(ValueError, match=r'shared buffer between stage 0 and stage 1: "0.running_mean" '
-                                         r'of layer 0 \(stage 0\) is "2.mean" of layer 2 \(stage 1\)'):
+    with pytest.raises(
+        ValueError,
+        match=r'shared buffer between stage 0 and stage 1: "0.running_mean" '
+        r'of layer 0 \(stage 0\) is "2.mean" of layer 2 \(stage 1\)',
+    ):
         check_balance(model, [2, 2])
     check_balance(model, [3, 1])
 
 
 def test_pipeline_refuses_a_tied_list_balance_at_construction() -> None:
     model, _ = _tied()
-    with pytest.raises(ValueError, match=r'stage 0 and stage 1: "0.weight" of layer 0 \(stage 0\) is '
-                                         r'"2.weight" of layer 2 \(stage 1\)'):
+    with pytest.raises(
+        ValueError,
+        match=r'stage 0 and stage 1: "0.weight" of layer 0 \(stage 0\) is '
+        r'"2.weight" of layer 2 \(stage 1\)',
+    ):
         partime.Pipeline(model, [1, 2], executor="inline")
     with pytest.raises(ValueError, match=r"splits a shared parameter"):
         split(model, [1, 2])
@@ -179,7 +185,9 @@ def test_best_split_without_forbidden_cuts_is_unchanged() -> None:
 def test_best_split_rejects_bad_forbidden_cuts() -> None:
     with pytest.raises(ValueError, match=r"forbidden cuts must be ints from 1 to 2 for 3 layers, got \[0, 3\]"):
         best_split([1.0, 1.0, 1.0], 2, forbidden=[0, 1, 3])
-    with pytest.raises(ValueError, match=r"without cutting at \[1, 2\]: 2 stages need 1 of the 2 positions, and only 0 are left"):
+    with pytest.raises(
+        ValueError, match=r"without cutting at \[1, 2\]: 2 stages need 1 of the 2 positions, and only 0 are left"
+    ):
         best_split([1.0, 1.0, 1.0], 2, forbidden=[1, 2])
     assert best_split([1.0, 1.0, 1.0], 1, forbidden=[1, 2]) == (3,)
 
@@ -252,10 +260,13 @@ def test_too_few_allowed_cuts_for_a_number_of_stages() -> None:
 def test_too_few_allowed_cuts_names_every_run_of_ties() -> None:
     a, b = nn.Linear(4, 4), nn.Linear(4, 4)
     model = nn.Sequential(a, a, nn.ReLU(), b, nn.ReLU(), b)  # layers 0-1 and 3-5 each together
-    with pytest.raises(ValueError, match=(
-        r'layers 0 to 1 must stay in one stage \("0.weight" of layer 0 is "1.weight" of layer 1\); '
-        r'layers 3 to 5 must stay in one stage \("3.weight" of layer 3 is "5.weight" of layer 5\), '
-        r"so 3 stages at most: balance=\[2, 1, 3\]"
-    )):
+    with pytest.raises(
+        ValueError,
+        match=(
+            r'layers 0 to 1 must stay in one stage \("0.weight" of layer 0 is "1.weight" of layer 1\); '
+            r'layers 3 to 5 must stay in one stage \("3.weight" of layer 3 is "5.weight" of layer 5\), '
+            r"so 3 stages at most: balance=\[2, 1, 3\]"
+        ),
+    ):
         check_balance(model, 4)
     check_balance(model, 3)

@@ -57,8 +57,9 @@ def test_a_stopped_stage_surfaces_within_the_timeout_and_is_killed(stage, learni
 def test_a_forward_that_blocks_for_good_surfaces_within_the_timeout():
     xs, ys = tagged_stream(20, DEPTH)
     model = tripping_model(DEPTH, stage=1, sample=5, phase="hang")
-    pipe = partime.Pipeline(model, [2] * DEPTH, threads=1, timeout=TIMEOUT_S, loss_fn=TripLoss(),
-                            optimizer=TripOptimizer())
+    pipe = partime.Pipeline(
+        model, [2] * DEPTH, threads=1, timeout=TIMEOUT_S, loss_fn=TripLoss(), optimizer=TripOptimizer()
+    )
     with pipe, pytest.raises(partime.StageTimeoutError) as info:
         for i in range(20):
             if i == 6:  # stage 1 runs sample 5 in this tick

@@ -88,12 +88,15 @@ def hosts():
             if done.returncode != 0:
                 pytest.skip(f"ip netns add {host.netns} failed: {done.stderr.strip()}")
             made.append(host)
-        steps = [("link", "add", a.ifname, "netns", a.netns, "type", "veth",
-                  "peer", "name", b.ifname, "netns", b.netns)]
+        steps = [
+            ("link", "add", a.ifname, "netns", a.netns, "type", "veth", "peer", "name", b.ifname, "netns", b.netns)
+        ]
         for host in (a, b):
-            steps += [("-n", host.netns, "addr", "add", f"{host.address}/24", "dev", host.ifname),
-                      ("-n", host.netns, "link", "set", host.ifname, "up"),
-                      ("-n", host.netns, "link", "set", "lo", "up")]
+            steps += [
+                ("-n", host.netns, "addr", "add", f"{host.address}/24", "dev", host.ifname),
+                ("-n", host.netns, "link", "set", host.ifname, "up"),
+                ("-n", host.netns, "link", "set", "lo", "up"),
+            ]
         steps += [("netns", "exec", host.netns, "true") for host in (a, b)]  # it can run commands there
         for step in steps:
             done = ip(*step)
@@ -117,12 +120,23 @@ def start(hosts: tuple[Host, Host], out: Path, *options: str) -> tuple[list[subp
     """Run the README's command in each host, with ``options`` for the example; their logs."""
     procs, logs = [], []
     for host, command in zip(hosts, readme_commands(hosts[0].address), strict=True):
-        env = dict(os.environ, GLOO_SOCKET_IFNAME=host.ifname, PYTHONUNBUFFERED="1",
-                   PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
+        env = dict(
+            os.environ,
+            GLOO_SOCKET_IFNAME=host.ifname,
+            PYTHONUNBUFFERED="1",
+            PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
+        )
         logs.append(out / f"{host.netns}.log")
         with open(logs[-1], "w") as log:
-            procs.append(subprocess.Popen(["ip", "netns", "exec", host.netns, *command, *options], cwd=ROOT,
-                                          env=env, stdout=log, stderr=subprocess.STDOUT))
+            procs.append(
+                subprocess.Popen(
+                    ["ip", "netns", "exec", host.netns, *command, *options],
+                    cwd=ROOT,
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                )
+            )
     return procs, logs
 
 
@@ -163,8 +177,9 @@ def test_the_readmes_two_host_commands_learn_what_the_inline_executor_learns(hos
 
     stream = example()
     xs, ys = zip(*stream.frames(SAMPLES), strict=True)
-    with partime.Pipeline(stream.conv_net(), seen["balance"], executor="inline", loss_fn=nn.CrossEntropyLoss(),
-                          optimizer=stream.optimizer) as pipe:
+    with partime.Pipeline(
+        stream.conv_net(), seen["balance"], executor="inline", loss_fn=nn.CrossEntropyLoss(), optimizer=stream.optimizer
+    ) as pipe:
         results = list(pipe.stream(xs, ys))
         expected = pipe.module.state_dict()
     assert seen["indices"] == [r.index for r in results] == list(range(SAMPLES))
@@ -180,8 +195,11 @@ def test_the_readmes_two_host_commands_learn_what_the_inline_executor_learns(hos
 def worker_of(torchrun: subprocess.Popen) -> psutil.Process:
     """The example's process that ``torchrun`` (started through ``ip netns exec``) runs."""
     family = psutil.Process(torchrun.pid).children(recursive=True)
-    workers = [p for p in family if str(EXAMPLE.relative_to(ROOT)) in p.cmdline()
-               and not any(arg.endswith("torchrun") for arg in p.cmdline())]
+    workers = [
+        p
+        for p in family
+        if str(EXAMPLE.relative_to(ROOT)) in p.cmdline() and not any(arg.endswith("torchrun") for arg in p.cmdline())
+    ]
     assert len(workers) == 1, [p.cmdline() for p in family]
     return workers[0]
 
@@ -203,8 +221,10 @@ def test_a_rank_killed_on_host_b_fails_host_a_within_two_seconds_naming_its_stag
                 break
             time.sleep(0.01)
         exited = time.monotonic() - killed
-        print(f"after rank 1 was killed: host A's error in {failed and round(failed, 2)} s, "
-              f"its torchrun gone in {exited:.2f} s")
+        print(
+            f"after rank 1 was killed: host A's error in {failed and round(failed, 2)} s, "
+            f"its torchrun gone in {exited:.2f} s"
+        )
     finally:
         stop(procs, hosts)
     log = logs[0].read_text()

@@ -42,11 +42,15 @@ def run(executor="inline", n=5, **kw):
 
 # -- loss_fn and optimizer that are not what they must be, refused when the pipeline is made ----
 
-@pytest.mark.parametrize("loss_fn, message", [
-    ("mse", CALLABLE_LOSS + ", got str 'mse'"),
-    (3, CALLABLE_LOSS + ", got int 3"),
-    (nn.MSELoss, "got the class MSELoss; pass an instance: MSELoss()"),
-])
+
+@pytest.mark.parametrize(
+    "loss_fn, message",
+    [
+        ("mse", CALLABLE_LOSS + ", got str 'mse'"),
+        (3, CALLABLE_LOSS + ", got int 3"),
+        (nn.MSELoss, "got the class MSELoss; pass an instance: MSELoss()"),
+    ],
+)
 def test_check_loss_fn_refuses_what_cannot_be_called(loss_fn, message):
     with pytest.raises(TypeError, match=re.escape(message)):
         check_loss_fn(loss_fn)
@@ -57,11 +61,14 @@ def test_check_loss_fn_takes_a_loss_a_function_or_none():
         check_loss_fn(loss_fn)
 
 
-@pytest.mark.parametrize("factory, got", [
-    ("sgd", "got str 'sgd'"),
-    (torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=0.1), "got an instance of SGD"),
-    (0.01, "got float 0.01"),
-])
+@pytest.mark.parametrize(
+    "factory, got",
+    [
+        ("sgd", "got str 'sgd'"),
+        (torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=0.1), "got an instance of SGD"),
+        (0.01, "got float 0.01"),
+    ],
+)
 @pytest.mark.parametrize("names", [(), ("auto",), ("spike",)])
 def test_check_optimizer_factory_refuses_a_string_or_an_optimizer(factory, got, names):
     message = "optimizer must be a factory params -> Optimizer, e.g. lambda params: torch.optim.SGD(params, lr=0.01); "
@@ -73,29 +80,48 @@ def forgets_to_return(params):
     torch.optim.SGD(params, lr=0.1)
 
 
-@pytest.mark.parametrize("factory, returned", [
-    (forgets_to_return, ("returned None, not a torch.optim.Optimizer: no stage would learn; the factory must return "
-                         "the optimizer it makes of the params it is given (a def must return it)")),
-    (lambda params: list(params), "returned list [Parameter c"),
-])
+@pytest.mark.parametrize(
+    "factory, returned",
+    [
+        (
+            forgets_to_return,
+            (
+                "returned None, not a torch.optim.Optimizer: no stage would learn; the factory must return "
+                "the optimizer it makes of the params it is given (a def must return it)"
+            ),
+        ),
+        (lambda params: list(params), "returned list [Parameter c"),
+    ],
+)
 def test_check_optimizer_factory_refuses_a_factory_that_makes_no_optimizer(factory, returned):
-    with pytest.raises(TypeError, match=re.escape("the optimizer factory, called on a probe list of 2 parameters "
-                                                  "(shapes (1, 1) and (1,)), " + returned)):
+    with pytest.raises(
+        TypeError,
+        match=re.escape(
+            "the optimizer factory, called on a probe list of 2 parameters (shapes (1, 1) and (1,)), " + returned
+        ),
+    ):
         check_optimizer_factory(factory, ())
 
 
 def test_check_optimizer_factory_refuses_an_optimizer_of_other_parameters():
     other = nn.Linear(3, 3)
-    with pytest.raises(ValueError, match=re.escape(
+    with pytest.raises(
+        ValueError,
+        match=re.escape(
             "returned SGD holding none of them (it holds 2 other parameters): no stage would learn; the optimizer "
             "factory must optimise the params it is given, e.g. lambda params: torch.optim.SGD(params, lr=0.01), "
-            "not other_model.parameters()")):
+            "not other_model.parameters()"
+        ),
+    ):
         check_optimizer_factory(lambda params: torch.optim.SGD(other.parameters(), lr=0.1), ())
 
 
 def test_check_optimizer_factory_says_when_the_factory_fails():
-    with pytest.raises(ValueError, match=r"\(shapes \(1, 1\) and \(1,\)\), failed: ValueError: Invalid learning "
-                                         r"rate: -1.*it must accept any list of trainable parameters") as info:
+    with pytest.raises(
+        ValueError,
+        match=r"\(shapes \(1, 1\) and \(1,\)\), failed: ValueError: Invalid learning "
+        r"rate: -1.*it must accept any list of trainable parameters",
+    ) as info:
         check_optimizer_factory(lambda params: torch.optim.SGD(params, lr=-1), ())
     assert isinstance(info.value.__cause__, ValueError)
 
@@ -107,36 +133,53 @@ def test_check_optimizer_factory_says_when_the_factory_fails():
     assert isinstance(info.value.__cause__, KeyError)
 
 
-@pytest.mark.parametrize("factory", [
-    sgd,
-    torch.optim.SGD,  # the class is a factory too (lr has a default)
-    lambda params: torch.optim.Adam(params, lr=1e-3),
-    # param groups by shape, and a look at the first parameter's shape, as real factories do
-    lambda params: torch.optim.SGD([{"params": [p for p in params if p.dim() > 1], "weight_decay": 1e-4},
-                                    {"params": [p for p in params if p.dim() <= 1]}], lr=0.1),
-    lambda params: torch.optim.SGD(params, lr=0.1 / params[0].shape[1]),
-])
+@pytest.mark.parametrize(
+    "factory",
+    [
+        sgd,
+        torch.optim.SGD,  # the class is a factory too (lr has a default)
+        lambda params: torch.optim.Adam(params, lr=1e-3),
+        # param groups by shape, and a look at the first parameter's shape, as real factories do
+        lambda params: torch.optim.SGD(
+            [
+                {"params": [p for p in params if p.dim() > 1], "weight_decay": 1e-4},
+                {"params": [p for p in params if p.dim() <= 1]},
+            ],
+            lr=0.1,
+        ),
+        lambda params: torch.optim.SGD(params, lr=0.1 / params[0].shape[1]),
+    ],
+)
 def test_check_optimizer_factory_takes_factories_that_optimise_their_params(factory):
     check_optimizer_factory(factory, ("spike",))
 
 
-@pytest.mark.parametrize("kw, error, message", [
-    (dict(optimizer="sgd"), TypeError, "optimizer must be a factory params -> Optimizer"),
-    (dict(optimizer=torch.optim.SGD(model().parameters(), lr=0.1)), TypeError, "got an instance of SGD"),
-    (dict(optimizer=forgets_to_return), TypeError, "returned None, not a torch.optim.Optimizer"),
-    (dict(optimizer=lambda params: torch.optim.SGD(model().parameters(), lr=0.1)), ValueError,
-     "the optimizer factory must optimise the params it is given"),
-])
+@pytest.mark.parametrize(
+    "kw, error, message",
+    [
+        (dict(optimizer="sgd"), TypeError, "optimizer must be a factory params -> Optimizer"),
+        (dict(optimizer=torch.optim.SGD(model().parameters(), lr=0.1)), TypeError, "got an instance of SGD"),
+        (dict(optimizer=forgets_to_return), TypeError, "returned None, not a torch.optim.Optimizer"),
+        (
+            dict(optimizer=lambda params: torch.optim.SGD(model().parameters(), lr=0.1)),
+            ValueError,
+            "the optimizer factory must optimise the params it is given",
+        ),
+    ],
+)
 def test_the_pipeline_refuses_an_optimizer_that_cannot_learn_when_it_is_made(kw, error, message):
     with pytest.raises(error, match=re.escape(message)):
         partime.Pipeline(model(), [2, 1], executor="inline", loss_fn=MSE, **kw)
 
 
 # needs Pipeline to call check_loss_fn
-@pytest.mark.parametrize("loss_fn, message", [
-    ("mse", CALLABLE_LOSS + ", got str 'mse'"),
-    (nn.MSELoss, "got the class MSELoss; pass an instance: MSELoss()"),
-])
+@pytest.mark.parametrize(
+    "loss_fn, message",
+    [
+        ("mse", CALLABLE_LOSS + ", got str 'mse'"),
+        (nn.MSELoss, "got the class MSELoss; pass an instance: MSELoss()"),
+    ],
+)
 def test_the_pipeline_refuses_a_loss_fn_that_cannot_be_called_when_it_is_made(loss_fn, message):
     with pytest.raises(TypeError, match=re.escape(message)):
         partime.Pipeline(model(), [2, 1], executor="inline", loss_fn=loss_fn, optimizer=sgd)
@@ -144,11 +187,16 @@ def test_the_pipeline_refuses_a_loss_fn_that_cannot_be_called_when_it_is_made(lo
 
 # -- an optimizer that holds none of its stage's parameters, refused when the stage is made -------
 
+
 def test_a_stage_refuses_a_factory_that_makes_no_optimizer():
     config = StageConfig(depth=2, loss_fn=MSE, optimizer=forgets_to_return)
-    with pytest.raises(TypeError, match=re.escape(
+    with pytest.raises(
+        TypeError,
+        match=re.escape(
             "stage 1: the optimizer factory, called on its 2 trainable parameters (weight, bias), returned None, "
-            "not a torch.optim.Optimizer: stage 1 would never learn")):
+            "not a torch.optim.Optimizer: stage 1 would never learn"
+        ),
+    ):
         Stage(1, nn.Linear(8, 2), config)
 
 
@@ -161,9 +209,11 @@ def test_an_optimizer_holding_none_of_its_stages_parameters_is_refused(executor)
             made.append(torch.optim.SGD(params, lr=0.1))
         return made[0]
 
-    message = (r"stage (0|1): the optimizer factory, called on its 2 trainable parameters \((0|2)\.weight, (0|2)\.bias\), "
-               r"returned SGD holding none of them \(it holds 2 other parameters\): stage (0|1) would never learn; "
-               r"the optimizer factory must optimise the params it is given")
+    message = (
+        r"stage (0|1): the optimizer factory, called on its 2 trainable parameters \((0|2)\.weight, (0|2)\.bias\), "
+        r"returned SGD holding none of them \(it holds 2 other parameters\): stage (0|1) would never learn; "
+        r"the optimizer factory must optimise the params it is given"
+    )
     # inline makes its stages in the caller, where the error is raised as it is; a stage's process
     # reports its error as a StageError: the message is the same
     with pytest.raises((ValueError, partime.StageError), match=message):
@@ -187,6 +237,7 @@ def test_an_optimizer_leaving_out_some_of_its_stages_parameters_is_a_warning(cap
 
 # -- a loss with no gradient, refused at its sample ----------------------------------------------
 
+
 def detached(out, y):
     return ((out - y) ** 2).mean().detach()
 
@@ -197,9 +248,13 @@ def from_item(out, y):
 
 @pytest.mark.parametrize("loss_fn", [detached, from_item])
 def test_a_loss_with_no_gradient_is_refused(loss_fn):
-    with pytest.raises(partime.StageError, match=re.escape(
+    with pytest.raises(
+        partime.StageError,
+        match=re.escape(
             "stage 1, sample 0, loss: ValueError: loss_fn returned a tensor with no gradient (requires_grad=False) "
-            "for sample 0: do not detach it or rebuild it from .item(); stage 1 would never learn")):
+            "for sample 0: do not detach it or rebuild it from .item(); stage 1 would never learn"
+        ),
+    ):
         run(loss_fn=loss_fn)
 
 
@@ -211,9 +266,13 @@ def test_a_loss_with_no_gradient_is_refused_at_its_sample(executor):
         loss = MSE(out, y)
         return loss.detach() if next(calls) == 3 else loss
 
-    with pytest.raises(partime.StageError, match=re.escape(
+    with pytest.raises(
+        partime.StageError,
+        match=re.escape(
             "stage 1, sample 3, loss: ValueError: loss_fn returned a tensor with no gradient (requires_grad=False) "
-            "for sample 3: do not detach it or rebuild it from .item(); stage 1 would never learn")):
+            "for sample 3: do not detach it or rebuild it from .item(); stage 1 would never learn"
+        ),
+    ):
         run(executor, loss_fn=detached_at_3)
 
 
@@ -221,19 +280,28 @@ def constant(out, y):
     return torch.tensor(1.0, requires_grad=True)
 
 
-@pytest.mark.parametrize("executor, grad_mode", [("inline", "stash"), ("inline", "weight-stash"),
-                                                 ("inline", "partime"), ("process", "stash")])
+@pytest.mark.parametrize(
+    "executor, grad_mode",
+    [("inline", "stash"), ("inline", "weight-stash"), ("inline", "partime"), ("process", "stash")],
+)
 def test_a_loss_with_no_path_to_the_last_stages_parameters_is_refused(executor, grad_mode):
-    with pytest.raises(partime.StageError, match=re.escape(
+    with pytest.raises(
+        partime.StageError,
+        match=re.escape(
             "stage 1, sample 0, backward: ValueError: the loss of sample 0 has no gradient path to any parameter "
             "of stage 1: loss_fn must compute it from the output it is given, not return a constant or a tensor "
-            "made apart from it; stage 1 would never learn")):
+            "made apart from it; stage 1 would never learn"
+        ),
+    ):
         run(executor, loss_fn=constant, grad_mode=grad_mode)
 
 
 def test_a_loss_with_no_path_is_refused_in_a_single_stage():
     pipe = partime.Pipeline(model(), 1, executor="inline", loss_fn=constant, optimizer=sgd)
-    with pytest.raises(partime.StageError, match="stage 0, sample 0, backward: .*no gradient path to any parameter"), pipe:
+    with (
+        pytest.raises(partime.StageError, match="stage 0, sample 0, backward: .*no gradient path to any parameter"),
+        pipe,
+    ):
         list(pipe.stream(*stream(2)))
 
 

@@ -9,6 +9,13 @@ from .errors import PipelineClosedError, StageError, StageTimeoutError, WorkerDi
 from .executors import Result
 from .pipeline import Pipeline
 
-__all__ = ["CheckpointError", "Pipeline", "PipelineClosedError", "Result", "StageError", "StageTimeoutError",
-           "WorkerDiedError"]
+__all__ = [
+    "CheckpointError",
+    "Pipeline",
+    "PipelineClosedError",
+    "Result",
+    "StageError",
+    "StageTimeoutError",
+    "WorkerDiedError",
+]
 __version__ = "0.1.0"

@@ -8,8 +8,14 @@ from __future__ import annotations
 
 import sys
 
-EXTRA_MODULES = {"click": "click", "rich": "rich", "sklearn": "scikit-learn", "PIL": "pillow",
-                 "matplotlib": "matplotlib", "psutil": "psutil"}
+EXTRA_MODULES = {
+    "click": "click",
+    "rich": "rich",
+    "sklearn": "scikit-learn",
+    "PIL": "pillow",
+    "matplotlib": "matplotlib",
+    "psutil": "psutil",
+}
 """What the tools extra brings: importable name → distribution name."""
 
 
@@ -22,8 +28,10 @@ def main() -> None:
         top = (error.name or "").partition(".")[0]
         if top not in EXTRA_MODULES:
             raise
-        sys.exit(f"partime: the command needs the tools extra ({EXTRA_MODULES[top]} is not installed): "
-                 "pip install partime[tools]")
+        sys.exit(
+            f"partime: the command needs the tools extra ({EXTRA_MODULES[top]} is not installed): "
+            "pip install partime[tools]"
+        )
     cli(prog_name="partime")
 
 

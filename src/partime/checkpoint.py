@@ -95,15 +95,20 @@ def from_bytes(data: bytes) -> Any:
 def layout_to_plain(layout: Layout) -> dict[str, Any]:
     """Every boundary's layout as plain values."""
     plain = spec_to_plain
-    return {"input": plain(layout.input), "activations": [plain(a) for a in layout.activations],
-            "output": plain(layout.output), "target": plain(layout.target)}
+    return {
+        "input": plain(layout.input),
+        "activations": [plain(a) for a in layout.activations],
+        "output": plain(layout.output),
+        "target": plain(layout.target),
+    }
 
 
 def layout_from_plain(plain: Mapping[str, Any]) -> Layout:
     """The layout that ``layout_to_plain`` wrote."""
     spec = spec_from_plain
-    return Layout(spec(plain["input"]), tuple(spec(a) for a in plain["activations"]), spec(plain["output"]),
-                  spec(plain["target"]))
+    return Layout(
+        spec(plain["input"]), tuple(spec(a) for a in plain["activations"]), spec(plain["output"]), spec(plain["target"])
+    )
 
 
 def identity_of(state: PipelineState, config: StageConfig, balance: Sequence[int] | None) -> dict[str, Any]:
@@ -126,17 +131,27 @@ def unstarted(stages: list[nn.Sequential], config: StageConfig) -> dict[str, Any
     return {"stages": [Stage(i, m, config).state_dict() for i, m in enumerate(stages)], "transit": None}
 
 
-def to_checkpoint(state: PipelineState, identity: Mapping[str, Any], executor_state: Mapping[str, Any]
-                  ) -> dict[str, Any]:
+def to_checkpoint(
+    state: PipelineState, identity: Mapping[str, Any], executor_state: Mapping[str, Any]
+) -> dict[str, Any]:
     """The checkpoint of a pipeline in ``state``, of ``identity``, whose executor (stopped between
     two ticks) is in ``executor_state``; its results out of the executor are in ``state.held``."""
-    held = [{"index": r.index, "loss": r.loss, "skipped": r.skipped,
-             "output": None if r.output is None else [t.detach().clone() for t in as_tensors(r.output, "output")]}
-            for r in state.held]
+    held = [
+        {
+            "index": r.index,
+            "loss": r.loss,
+            "skipped": r.skipped,
+            "output": None if r.output is None else [t.detach().clone() for t in as_tensors(r.output, "output")],
+        }
+        for r in state.held
+    ]
     return {
-        "format": FORMAT, "version": VERSION, "identity": dict(identity),
+        "format": FORMAT,
+        "version": VERSION,
+        "identity": dict(identity),
         "counters": {"next_index": state.next_index, "in_segment": state.in_segment, "taken": state.taken},
-        "layout": None if state.layout is None else layout_to_plain(state.layout), "held": held,
+        "layout": None if state.layout is None else layout_to_plain(state.layout),
+        "held": held,
         "given": [message(index, as_tensors(y, "target")) for index, y in state.given],
         **executor_state,
     }
@@ -146,13 +161,25 @@ def from_checkpoint(checkpoint: Mapping[str, Any]) -> PipelineState:
     """The state that ``to_checkpoint`` wrote, in a checkpoint that ``check_state`` passed; the
     executor starts from it (``resume``) unless it was taken before the first sample."""
     identity, counters, layout = checkpoint["identity"], checkpoint["counters"], checkpoint["layout"]
-    state = PipelineState(counters["next_index"], counters["in_segment"], counters["taken"],
-                          supervised=identity["supervised"], x_spec=spec_from_plain(identity["input"]),
-                          y_spec=spec_from_plain(identity["target"]))
+    state = PipelineState(
+        counters["next_index"],
+        counters["in_segment"],
+        counters["taken"],
+        supervised=identity["supervised"],
+        x_spec=spec_from_plain(identity["input"]),
+        y_spec=spec_from_plain(identity["target"]),
+    )
     if layout is not None:
         output = spec_from_plain(layout["output"])
-        state.held.extend(Result(h["index"], None if h["output"] is None else rebuild(output, tuple(h["output"])),
-                                 h["loss"], skipped=h["skipped"]) for h in checkpoint["held"])
+        state.held.extend(
+            Result(
+                h["index"],
+                None if h["output"] is None else rebuild(output, tuple(h["output"])),
+                h["loss"],
+                skipped=h["skipped"],
+            )
+            for h in checkpoint["held"]
+        )
         state.resume = dict(checkpoint)
     given = checkpoint.get("given", ())
     if given:
@@ -230,8 +257,10 @@ def _reason(exc: Exception) -> str:
             detail = text.split(" trusted source. ", 1)[-1]
         for advice in ("Please use `torch.serialization", "Check the documentation", "Please file an issue"):
             detail = detail.split(advice, 1)[0]
-        return (f"UnpicklingError: torch.load(weights_only=True) refused it: {detail.strip() or text}; "
-                "every partime checkpoint loads with weights_only=True")
+        return (
+            f"UnpicklingError: torch.load(weights_only=True) refused it: {detail.strip() or text}; "
+            "every partime checkpoint loads with weights_only=True"
+        )
     return f"{type(exc).__name__}: {text}"
 
 
@@ -247,6 +276,24 @@ def _sync_directory(directory: Path) -> None:
         os.close(fd)
 
 
-__all__ = ["FORMAT", "VERSION", "CheckpointError", "check_contents", "check_state", "from_bytes", "from_checkpoint",
-           "identity_of", "layout_from_plain", "layout_to_plain", "load", "load_weights", "message", "save",
-           "spec_from_plain", "spec_to_plain", "to_bytes", "to_checkpoint", "unstarted"]
+__all__ = [
+    "FORMAT",
+    "VERSION",
+    "CheckpointError",
+    "check_contents",
+    "check_state",
+    "from_bytes",
+    "from_checkpoint",
+    "identity_of",
+    "layout_from_plain",
+    "layout_to_plain",
+    "load",
+    "load_weights",
+    "message",
+    "save",
+    "spec_from_plain",
+    "spec_to_plain",
+    "to_bytes",
+    "to_checkpoint",
+    "unstarted",
+]

@@ -64,33 +64,44 @@ def check_contents(state: Any) -> None:
     depth = _part(identity, "identity.depth", _is_positive, "a whole number >= 1")
     balance = _part(identity, "identity.balance", _is_list, "a list of layers per stage")
     if len(balance) != depth or not all(_is_positive(b) for b in balance):
-        raise CheckpointError(f"damaged checkpoint: its identity.balance {balance!r} is not {depth} "
-                              f"positive whole numbers (identity.depth is {depth})")
+        raise CheckpointError(
+            f"damaged checkpoint: its identity.balance {balance!r} is not {depth} "
+            f"positive whole numbers (identity.depth is {depth})"
+        )
     for key in ("input", "target"):
         _check_spec(identity.get(key), f"identity.{key}", optional=True)
 
     counters = _part(state, "counters", _is_mapping, "a dict")
-    next_index, in_segment, taken = (_part(counters, f"counters.{key}", _is_count, "a whole number >= 0")
-                                     for key in ("next_index", "in_segment", "taken"))
+    next_index, in_segment, taken = (
+        _part(counters, f"counters.{key}", _is_count, "a whole number >= 0")
+        for key in ("next_index", "in_segment", "taken")
+    )
     if in_segment > next_index:
-        raise CheckpointError(f"damaged checkpoint: counters.in_segment ({in_segment}) is more than "
-                              f"counters.next_index ({next_index}), the samples fed in all")
+        raise CheckpointError(
+            f"damaged checkpoint: counters.in_segment ({in_segment}) is more than "
+            f"counters.next_index ({next_index}), the samples fed in all"
+        )
     if taken > in_segment:
-        raise CheckpointError(f"damaged checkpoint: counters.taken ({taken}) is more than "
-                              f"counters.in_segment ({in_segment}), the samples fed in this segment")
+        raise CheckpointError(
+            f"damaged checkpoint: counters.taken ({taken}) is more than "
+            f"counters.in_segment ({in_segment}), the samples fed in this segment"
+        )
 
     layout = _part(state, "layout", lambda v: v is None or _is_mapping(v), "None or a dict")
     if layout is None:
         if in_segment:
-            raise CheckpointError(f"damaged checkpoint: its layout is None, as before the first sample, "
-                                  f"but counters.in_segment is {in_segment}")
+            raise CheckpointError(
+                f"damaged checkpoint: its layout is None, as before the first sample, "
+                f"but counters.in_segment is {in_segment}"
+            )
     else:
         for key in ("input", "output", "target"):
             _check_spec(_part(layout, f"layout.{key}", lambda v: True, ""), f"layout.{key}", optional=key == "target")
         activations = _part(layout, "layout.activations", _is_list, "a list")
         if len(activations) != depth - 1:
-            raise CheckpointError(f"damaged checkpoint: len(layout.activations) is {len(activations)}, "
-                                  f"not depth - 1 = {depth - 1}")
+            raise CheckpointError(
+                f"damaged checkpoint: len(layout.activations) is {len(activations)}, not depth - 1 = {depth - 1}"
+            )
         for i, spec in enumerate(activations):
             _check_spec(spec, f"layout.activations[{i}]", optional=False)
 
@@ -99,21 +110,25 @@ def check_contents(state: Any) -> None:
     if due < 0:
         raise CheckpointError(
             f"damaged checkpoint: counters.taken ({taken}) is more than the results that left the pipeline "
-            f"in this segment: max(0, in_segment {in_segment} - (depth {depth} - 1)) = {taken + due}")
+            f"in this segment: max(0, in_segment {in_segment} - (depth {depth} - 1)) = {taken + due}"
+        )
     if len(held) != due:
         raise CheckpointError(
             f"damaged checkpoint: len(held) is {len(held)}, but the counters say {due} results left the "
             f"pipeline and were not handed out: max(0, in_segment {in_segment} - (depth {depth} - 1)) "
-            f"- taken {taken} = {due}")
+            f"- taken {taken} = {due}"
+        )
     previous = -1
     for k, result in enumerate(held):
         name = f"held[{k}]"
         _part(held, name, _is_mapping, "a dict", k)
         index = _part(result, f"{name}.index", _is_count, "a whole number >= 0")
         if not previous < index < next_index:
-            raise CheckpointError(f"damaged checkpoint: {name}.index is {index}: held results must come in "
-                                  f"increasing sample order (the one before is {previous}) and before "
-                                  f"counters.next_index ({next_index})")
+            raise CheckpointError(
+                f"damaged checkpoint: {name}.index is {index}: held results must come in "
+                f"increasing sample order (the one before is {previous}) and before "
+                f"counters.next_index ({next_index})"
+            )
         previous = index
         _part(result, f"{name}.skipped", lambda v: isinstance(v, bool), "a bool")
         _part(result, f"{name}.loss", lambda v: v is None or _is_real(v), "None or a number")
@@ -121,8 +136,7 @@ def check_contents(state: Any) -> None:
 
     stages = _part(state, "stages", _is_list, "a list")
     if len(stages) != depth:
-        raise CheckpointError(f"damaged checkpoint: len(stages) is {len(stages)}, "
-                              f"but identity.depth is {depth}")
+        raise CheckpointError(f"damaged checkpoint: len(stages) is {len(stages)}, but identity.depth is {depth}")
     for i, stage in enumerate(stages):
         _part(stages, f"stages[{i}]", _is_mapping, "a dict", i)
         _part(stage, f"stages[{i}].module", _is_mapping, "a dict of weights")
@@ -130,18 +144,23 @@ def check_contents(state: Any) -> None:
     transit = _part(state, "transit", lambda v: v is None or _is_mapping(v), "None or a dict")
     if (transit is None) != (in_segment == 0):
         what = "nothing is" if transit is None else "values are"
-        raise CheckpointError(f"damaged checkpoint: {what} in transit, but counters.in_segment is {in_segment}: "
-                              "values are in transit exactly when a segment has begun")
+        raise CheckpointError(
+            f"damaged checkpoint: {what} in transit, but counters.in_segment is {in_segment}: "
+            "values are in transit exactly when a segment has begun"
+        )
     if transit is not None:
         tick = _part(transit, "transit.tick", _is_count, "a whole number >= 0")
         if tick != in_segment:
-            raise CheckpointError(f"damaged checkpoint: transit.tick is {tick}, but counters.in_segment is "
-                                  f"{in_segment}: a segment runs one tick per sample fed")
+            raise CheckpointError(
+                f"damaged checkpoint: transit.tick is {tick}, but counters.in_segment is "
+                f"{in_segment}: a segment runs one tick per sample fed"
+            )
         for key in ("acts", "grads"):
             sent = _part(transit, f"transit.{key}", _is_list, "a list")
             if len(sent) != depth:
-                raise CheckpointError(f"damaged checkpoint: len(transit.{key}) is {len(sent)}, "
-                                      f"not one per stage ({depth})")
+                raise CheckpointError(
+                    f"damaged checkpoint: len(transit.{key}) is {len(sent)}, not one per stage ({depth})"
+                )
             for i, value in enumerate(sent):
                 if value is not None:
                     _check_message(value, f"transit.{key}[{i}]", next_index)
@@ -170,15 +189,27 @@ def _check_spec(plain: Any, name: str, optional: bool) -> None:
     if plain is None and optional:
         return
     tensors = plain.get("tensors") if isinstance(plain, Mapping) else None
-    if (not _is_list(tensors) or not tensors or not isinstance(plain.get("is_tuple"), bool)
-            or (not plain["is_tuple"] and len(tensors) != 1)
-            or not all(_is_list(t) and len(t) == 2 and _is_list(t[0]) and all(_is_count(d) for d in t[0])
-                       and isinstance(t[1], str) and isinstance(getattr(torch, t[1], None), torch.dtype)
-                       for t in tensors)):
+    if (
+        not _is_list(tensors)
+        or not tensors
+        or not isinstance(plain.get("is_tuple"), bool)
+        or (not plain["is_tuple"] and len(tensors) != 1)
+        or not all(
+            _is_list(t)
+            and len(t) == 2
+            and _is_list(t[0])
+            and all(_is_count(d) for d in t[0])
+            and isinstance(t[1], str)
+            and isinstance(getattr(torch, t[1], None), torch.dtype)
+            for t in tensors
+        )
+    ):
         shown = repr(plain)
         shown = shown if len(shown) <= 80 else shown[:77] + "..."
-        raise CheckpointError(f"damaged checkpoint: its {name} is {shown}, not a layout "
-                              "({'tensors': [[shape, dtype name], ...], 'is_tuple': bool})")
+        raise CheckpointError(
+            f"damaged checkpoint: its {name} is {shown}, not a layout "
+            "({'tensors': [[shape, dtype name], ...], 'is_tuple': bool})"
+        )
 
 
 def _check_message(value: Any, name: str, next_index: int, tensors: bool = False) -> None:
@@ -187,8 +218,10 @@ def _check_message(value: Any, name: str, next_index: int, tensors: bool = False
     _part({name: value}, name, _is_mapping, "a dict", name)
     sample = _part(value, f"{name}.sample", _is_count, "a whole number >= 0")
     if sample >= next_index:
-        raise CheckpointError(f"damaged checkpoint: {name}.sample is {sample}, "
-                              f"but only samples before counters.next_index ({next_index}) were fed")
+        raise CheckpointError(
+            f"damaged checkpoint: {name}.sample is {sample}, "
+            f"but only samples before counters.next_index ({next_index}) were fed"
+        )
     if tensors:
         _part(value, f"{name}.tensors", lambda v: v is not None and _is_tensors(v), "a list of tensors")
     else:

@@ -77,8 +77,15 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-COMPENSATIONS = ("step-scale", "delay-correction", "optimizer-prediction", "long-momentum", "spike", "lr-scale",
-                 "weight-prediction")
+COMPENSATIONS = (
+    "step-scale",
+    "delay-correction",
+    "optimizer-prediction",
+    "long-momentum",
+    "spike",
+    "lr-scale",
+    "weight-prediction",
+)
 
 LR_ANNEAL_STEPS = 2000
 """Steps over which ``lr-scale`` anneals a stage's step size back to the optimizer's own."""
@@ -97,9 +104,11 @@ VELOCITY_MOMENTUM = 0.9
 
 
 AUTO = "auto"
-AUTOMATIC = {"sgd": ("step-scale", "delay-correction"),
-             "momentum": ("step-scale", "optimizer-prediction", "long-momentum"),
-             "adam": ("step-scale", "optimizer-prediction", "long-momentum")}
+AUTOMATIC = {
+    "sgd": ("step-scale", "delay-correction"),
+    "momentum": ("step-scale", "optimizer-prediction", "long-momentum"),
+    "adam": ("step-scale", "optimizer-prediction", "long-momentum"),
+}
 """What ``"auto"`` chooses for each kind of optimizer, from ``partime fidelity``'s measurements
 (README, "Learning with delay"): ``step-scale`` keeps every stream learning at the step size
 that suits sequential learning best, and beside it the rest did best with that optimizer."""
@@ -126,16 +135,20 @@ def check_compensation(names: str | Sequence[str]) -> tuple[str, ...]:
     """The compensation options as a tuple; a ValueError naming any unknown one."""
     names = (names,) if isinstance(names, str) else tuple(names)
     if AUTO in names and len(names) > 1:
-        raise ValueError(f"compensation 'auto' chooses every option itself; give it alone, not with "
-                         f"{', '.join(repr(n) for n in names if n != AUTO)}")
+        raise ValueError(
+            f"compensation 'auto' chooses every option itself; give it alone, not with "
+            f"{', '.join(repr(n) for n in names if n != AUTO)}"
+        )
     for name in names:
         if name == AUTO:
             continue
         if name not in COMPENSATIONS:
             raise ValueError(f"unknown compensation {name!r}; choose 'auto' or any of {', '.join(COMPENSATIONS)}")
     if {"weight-prediction", "optimizer-prediction"} <= set(names):
-        raise ValueError("compensations 'weight-prediction' and 'optimizer-prediction' both choose the weights "
-                         "a forward runs with; give one of them")
+        raise ValueError(
+            "compensations 'weight-prediction' and 'optimizer-prediction' both choose the weights "
+            "a forward runs with; give one of them"
+        )
     return names
 
 

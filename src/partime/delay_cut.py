@@ -29,7 +29,11 @@ DELAY_SLACK = 0.1
 
 
 def delay_aware_split(
-    layer_times: Sequence[float], layer_params: Sequence[int], depth: int, *, slack: float = DELAY_SLACK,
+    layer_times: Sequence[float],
+    layer_params: Sequence[int],
+    depth: int,
+    *,
+    slack: float = DELAY_SLACK,
     forbidden: Collection[int] = (),
 ) -> tuple[int, ...]:
     """The balance into ``depth`` stages with the fewest delay-weighted weights among those whose
@@ -70,11 +74,16 @@ def delay_aware_split(
     for k in range(1, depth):
         longer: dict[int, Key] = {}
         for b in range(k + 1, n + 1):
-            options = [(best[a][0] + weights[a][b] * delay(k, depth),
-                        tuple(sorted(best[a][1] + (seg[a][b],), reverse=True)), best[a][2] + (b - a,))
-                       for a in range(k, b) if a in best and a not in banned and seg[a][b] <= bound]
+            options = [
+                (
+                    best[a][0] + weights[a][b] * delay(k, depth),
+                    tuple(sorted(best[a][1] + (seg[a][b],), reverse=True)),
+                    best[a][2] + (b - a,),
+                )
+                for a in range(k, b)
+                if a in best and a not in banned and seg[a][b] <= bound
+            ]
             if options:
                 longer[b] = min(options)
         best = longer
     return best[n][2]
-

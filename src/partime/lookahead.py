@@ -86,8 +86,10 @@ def check_optimizer_factory(factory: Callable[[Any], torch.optim.Optimizer] | No
         return
     wanted = "optimizer must be a factory params -> Optimizer, e.g. " + EXAMPLE
     if isinstance(factory, torch.optim.Optimizer):
-        raise TypeError(f"{wanted}; got an instance of {type(factory).__name__} (each stage makes its own "
-                        "optimizer of its own parameters)")
+        raise TypeError(
+            f"{wanted}; got an instance of {type(factory).__name__} (each stage makes its own "
+            "optimizer of its own parameters)"
+        )
     if isinstance(factory, str) or not callable(factory):
         raise TypeError(f"{wanted}; got {described(factory)}")
     # A weight and a bias, as a Linear layer has: what a factory that picks parameters by their
@@ -98,8 +100,10 @@ def check_optimizer_factory(factory: Callable[[Any], torch.optim.Optimizer] | No
         optimizer = factory(probe)
     except Exception as exc:
         kind = type(exc) if type(exc) in (TypeError, ValueError) else RuntimeError
-        raise kind(f"{source} failed: {type(exc).__name__}: {exc}; it must accept any list of trainable "
-                   "parameters, as each stage calls it with its own") from exc
+        raise kind(
+            f"{source} failed: {type(exc).__name__}: {exc}; it must accept any list of trainable "
+            "parameters, as each stage calls it with its own"
+        ) from exc
     check_holds(optimizer, probe, source, "no stage would learn")
     for name in names:
         if name in OPTIONS:
@@ -114,15 +118,19 @@ def check_holds(optimizer: Any, params: Sequence[Tensor], source: str, consequen
     """
     if not isinstance(optimizer, torch.optim.Optimizer):
         hint = " (a def must return it)" if optimizer is None else ""
-        raise TypeError(f"{source} returned {described(optimizer)}, not a torch.optim.Optimizer: {consequence}; "
-                        f"the factory must return the optimizer it makes of the params it is given{hint}, "
-                        f"e.g. {EXAMPLE}")
+        raise TypeError(
+            f"{source} returned {described(optimizer)}, not a torch.optim.Optimizer: {consequence}; "
+            f"the factory must return the optimizer it makes of the params it is given{hint}, "
+            f"e.g. {EXAMPLE}"
+        )
     held = {id(p) for group in optimizer.param_groups for p in group["params"]}
     left_out = [k for k, p in enumerate(params) if id(p) not in held]
     if params and len(left_out) == len(params):
-        raise ValueError(f"{source} returned {type(optimizer).__name__} holding none of them (it holds {len(held)} "
-                         f"other parameters): {consequence}; the optimizer factory must optimise the params "
-                         f"it is given, e.g. {EXAMPLE}, not other_model.parameters()")
+        raise ValueError(
+            f"{source} returned {type(optimizer).__name__} holding none of them (it holds {len(held)} "
+            f"other parameters): {consequence}; the optimizer factory must optimise the params "
+            f"it is given, e.g. {EXAMPLE}, not other_model.parameters()"
+        )
     return left_out
 
 
@@ -135,12 +143,16 @@ def check_optimizer(optimizer: torch.optim.Optimizer, option: str) -> None:
     """A TypeError unless ``option`` knows the kind of ``optimizer``; a ValueError if it cannot
     take one of its settings."""
     if not isinstance(optimizer, (torch.optim.SGD, torch.optim.Adam)):
-        raise TypeError(f"compensation {option!r} reads the optimizer's state and supports {SUPPORTED}; "
-                        f"got {type(optimizer).__name__}")
+        raise TypeError(
+            f"compensation {option!r} reads the optimizer's state and supports {SUPPORTED}; "
+            f"got {type(optimizer).__name__}"
+        )
     nesterov = isinstance(optimizer, torch.optim.SGD) and any(g["nesterov"] for g in optimizer.param_groups)
     if option == "spike" and nesterov:
-        raise ValueError("compensation 'spike' does not support SGD with nesterov=True; "
-                         "use nesterov=False or compensation 'optimizer-prediction'")
+        raise ValueError(
+            "compensation 'spike' does not support SGD with nesterov=True; "
+            "use nesterov=False or compensation 'optimizer-prediction'"
+        )
 
 
 LONG_MOMENTUM = 0.99
@@ -199,7 +211,7 @@ class OptimizerPrediction:
             if buf is None or mu == 0:
                 return
             first = 2 if group["nesterov"] else 1
-            out.add_(buf, alpha=-lr * sum(mu ** k for k in range(first, first + tau)))
+            out.add_(buf, alpha=-lr * sum(mu**k for k in range(first, first + tau)))
             return
         if "exp_avg" not in state:
             return
@@ -209,7 +221,7 @@ class OptimizerPrediction:
         root = second.sqrt()
         for k in range(1, tau + 1):
             denom = (root / math.sqrt(1 - beta2 ** (t + k))).add_(group["eps"])
-            out.addcdiv_(state["exp_avg"], denom, value=-lr * beta1 ** k / (1 - beta1 ** (t + k)))
+            out.addcdiv_(state["exp_avg"], denom, value=-lr * beta1**k / (1 - beta1 ** (t + k)))
         if group["weight_decay"] and _decoupled(self.optimizer, group):
             out.add_(p.detach(), alpha=-tau * lr * group["weight_decay"])
 
@@ -257,7 +269,7 @@ class SpikeCompensation:
             mu = float(group["momentum"])
             if mu == 0:
                 return
-            a, b = mu ** tau, (1 - mu ** tau) / (1 - mu)
+            a, b = mu**tau, (1 - mu**tau) / (1 - mu)
             # taken: lr · buf; wanted: lr · (a · buf + b · (1 − d) · g)
             change = state["momentum_buffer"] * (a - 1) + g * (b * (1 - float(group["dampening"])))
             p.add_(change, alpha=-lr)
@@ -265,6 +277,6 @@ class SpikeCompensation:
         beta1, beta2 = (float(b) for b in group["betas"])
         t = float(state["step"])
         second = state["max_exp_avg_sq"] if group["amsgrad"] else state["exp_avg_sq"]
-        denom = (second.sqrt() / math.sqrt(1 - beta2 ** t)).add_(group["eps"])
+        denom = (second.sqrt() / math.sqrt(1 - beta2**t)).add_(group["eps"])
         # taken: m; wanted: β1^τ · m + (1 − β1^τ) · g, both over the same bias correction and denominator
-        p.addcdiv_(g - state["exp_avg"], denom, value=-lr * (1 - beta1 ** tau) / (1 - beta1 ** t))
+        p.addcdiv_(g - state["exp_avg"], denom, value=-lr * (1 - beta1**tau) / (1 - beta1**t))

@@ -52,9 +52,7 @@ class OnlineMetrics:
         self._recent_losses: deque[float] = deque(maxlen=window)
         self._history: dict[str, list[float]] = {"rolling_accuracy": [], "rolling_loss": []}
 
-    def update(
-        self, output: Tensor, target: Tensor | None = None, loss: float | Tensor | None = None
-    ) -> None:
+    def update(self, output: Tensor, target: Tensor | None = None, loss: float | Tensor | None = None) -> None:
         """Score one result: its ``output`` against ``target`` (if given) and its ``loss`` (if given).
 
         Raises ValueError if neither is given, or if ``target``'s shape is not ``output``'s without

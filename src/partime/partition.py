@@ -99,10 +99,7 @@ def check_balance(model: nn.Sequential, balance: int | Sequence[int]) -> None:
     avoids it.
     """
     if not isinstance(model, nn.Sequential):
-        raise TypeError(
-            f"model must be an nn.Sequential, got {type(model).__name__}; "
-            "wrap it: nn.Sequential(model)"
-        )
+        raise TypeError(f"model must be an nn.Sequential, got {type(model).__name__}; wrap it: nn.Sequential(model)")
     n = len(model)
     if n == 0:
         raise ValueError("model is an empty nn.Sequential: there are no layers to cut into stages")
@@ -129,15 +126,11 @@ def check_balance(model: nn.Sequential, balance: int | Sequence[int]) -> None:
     for i, b in enumerate(balance):
         if not _is_int(b):
             raise TypeError(
-                f"balance must hold ints, got {type(b).__name__} ({b!r}) at index {i} "
-                f"(balance: {list(balance)!r})"
+                f"balance must hold ints, got {type(b).__name__} ({b!r}) at index {i} (balance: {list(balance)!r})"
             )
     for i, b in enumerate(balance):
         if b < 1:
-            raise ValueError(
-                f"every stage needs at least one layer, got {b} at index {i} "
-                f"(balance: {_ints(balance)})"
-            )
+            raise ValueError(f"every stage needs at least one layer, got {b} at index {i} (balance: {_ints(balance)})")
     if sum(balance) != n:
         raise ValueError(
             "balance and number of layers differ "
@@ -165,9 +158,7 @@ def split(model: nn.Sequential, balance: Sequence[int]) -> list[nn.Sequential]:
     return [nn.Sequential(OrderedDict(children[a:b])) for a, b in Partition(tuple(balance)).bounds]
 
 
-def best_split(
-    layer_times: Sequence[float], depth: int, *, forbidden: Collection[int] = ()
-) -> tuple[int, ...]:
+def best_split(layer_times: Sequence[float], depth: int, *, forbidden: Collection[int] = ()) -> tuple[int, ...]:
     """The balance cutting ``layer_times`` into ``depth`` contiguous non-empty groups whose largest
     group sum is smallest (exactly, not a heuristic).
 
@@ -187,9 +178,7 @@ def best_split(
     if n == 0 or bad:
         raise ValueError(f"layer_times must be one or more finite numbers >= 0, got {times}")
     if not _is_int(depth) or not 1 <= depth <= n:
-        raise ValueError(
-            f"cannot cut {n} layers into {depth!r} stages: depth must be an int from 1 to {n}"
-        )
+        raise ValueError(f"cannot cut {n} layers into {depth!r} stages: depth must be an int from 1 to {n}")
     banned = set(forbidden)
     outside = [k for k in forbidden if not (_is_int(k) and 1 <= k < n)]
     if outside:
@@ -220,8 +209,7 @@ def best_split(
             ends = [a for a in range(k - 1, b) if a in best and a not in banned]
             if ends:
                 longer[b] = min(
-                    (tuple(sorted(best[a][0] + (seg[a][b],), reverse=True)), best[a][1] + (b - a,))
-                    for a in ends
+                    (tuple(sorted(best[a][0] + (seg[a][b],), reverse=True)), best[a][1] + (b - a,)) for a in ends
                 )
         best = longer
     return best[n][1]
@@ -250,9 +238,7 @@ def profile_layers(
     needs as much memory again as the model.
     """
     if not _is_int(repeats) or repeats < 1 or not _is_int(warmup) or warmup < 0:
-        raise ValueError(
-            f"need repeats >= 1 and warmup >= 0, got repeats={repeats!r}, warmup={warmup!r}"
-        )
+        raise ValueError(f"need repeats >= 1 and warmup >= 0, got repeats={repeats!r}, warmup={warmup!r}")
     check_balance(model, 1)
     as_tensors(sample, "sample")
     replica = copy.deepcopy(model)
@@ -360,9 +346,7 @@ def _run(k: int, child: nn.Module, phase: str, step: Callable[..., object], *arg
     try:
         return step(*args)
     except Exception as exc:
-        raise RuntimeError(
-            f"profiling child {k} ({type(child).__name__}) failed in its {phase}: {exc}"
-        ) from exc
+        raise RuntimeError(f"profiling child {k} ({type(child).__name__}) failed in its {phase}: {exc}") from exc
 
 
 def _backward(child: nn.Module, leaves: list[Tensor], outputs: tuple[Tensor, ...]) -> None:

@@ -59,16 +59,20 @@ SKIP_WINDOW = 100
 SKIP_SHARE = 0.5
 
 
-def _on_rank_0(otherwise: Callable[[], Any] = lambda: None) -> Callable[
-        [Callable[Concatenate[Pipeline, _P], _R]], Callable[Concatenate[Pipeline, _P], _R]]:
+def _on_rank_0(
+    otherwise: Callable[[], Any] = lambda: None,
+) -> Callable[[Callable[Concatenate[Pipeline, _P], _R]], Callable[Concatenate[Pipeline, _P], _R]]:
     """A method of ``Pipeline`` that does nothing, and returns ``otherwise()``, on the ranks > 0 of
     the distributed executor: they serve their stage in ``open``; rank 0 reads the stream and
     holds the checkpoints."""
+
     def on_rank_0(method: Callable[Concatenate[Pipeline, _P], _R]) -> Callable[Concatenate[Pipeline, _P], _R]:
         @functools.wraps(method)
         def call(self: Pipeline, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
             return otherwise() if self._rank > 0 else method(self, *args, **kwargs)
+
         return call
+
     return on_rank_0
 
 
@@ -163,18 +167,24 @@ class Pipeline:
         self._devices = self._executor_class.check_devices(devices, depth)
         if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
             raise ValueError(f"threads must be a whole number of at least 1, got {threads!r}")
-        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
-                                    or not timeout > 0):
+        if timeout is not None and (
+            isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0
+        ):
             raise ValueError(f"timeout must be a number of seconds above 0, or None to wait for ever; got {timeout!r}")
         self._timeout = None if timeout is None else float(timeout)
         self._threads = threads if threads is not None else max(1, (os.cpu_count() or 1) // depth)
         if self._executor_class.on_this_host and depth > (os.cpu_count() or 1):
-            log.warning("%d stages on %d cores: stages will share cores, and the pipeline will not run "
-                        "%d times faster", depth, os.cpu_count(), depth)
+            log.warning(
+                "%d stages on %d cores: stages will share cores, and the pipeline will not run %d times faster",
+                depth,
+                os.cpu_count(),
+                depth,
+            )
         self._model = copy.deepcopy(model)  # the pipeline's own: the caller's model is never changed
         self._balance = balance
-        self._config = StageConfig(depth, loss_fn, optimizer, grad_mode, False, check_compensation(compensation),
-                                   nonfinite=nonfinite)
+        self._config = StageConfig(
+            depth, loss_fn, optimizer, grad_mode, False, check_compensation(compensation), nonfinite=nonfinite
+        )
         check_optimizer_factory(optimizer, self._config.compensation)
         self._sigterm = SigtermGuard() if self._executor_class.child_processes else None
         self._state = PipelineState(supervised=takes_target(loss_fn) if loss_fn is not None else False)
@@ -252,9 +262,13 @@ class Pipeline:
     def __del__(self) -> None:
         executor = getattr(self, "_executor", None)
         if self._status == "open" and executor is not None and executor.has_workers and os.getpid() == self._pid:
-            warnings.warn(f"an open partime Pipeline ({self._executor_class.__name__}) was garbage-collected; its "
-                          "workers are stopped now. Close it: `with pipe:`, or pipe.close()",
-                          ResourceWarning, source=self, stacklevel=2)
+            warnings.warn(
+                f"an open partime Pipeline ({self._executor_class.__name__}) was garbage-collected; its "
+                "workers are stopped now. Close it: `with pipe:`, or pipe.close()",
+                ResourceWarning,
+                source=self,
+                stacklevel=2,
+            )
             self.close()
 
     def __enter__(self) -> Self:
@@ -394,8 +408,9 @@ class Pipeline:
             self._check_open()
 
     def _identity(self) -> dict[str, Any]:
-        return checkpoint.identity_of(self._state, self._config, None if self._partition is None else
-                                   self._partition.balance)
+        return checkpoint.identity_of(
+            self._state, self._config, None if self._partition is None else self._partition.balance
+        )
 
     def _checkpoint(self) -> dict[str, Any]:
         """``state_dict()`` on rank 0."""
@@ -409,8 +424,9 @@ class Pipeline:
                     "no checkpoint before the cut is known: with balance=D the layers are timed on the "
                     "first sample; pass balance=[...] or sample=, or take it after the first step"
                 )
-            executor_state = checkpoint.unstarted(split(copy.deepcopy(self._model), self._partition.balance),
-                                                  self._config)
+            executor_state = checkpoint.unstarted(
+                split(copy.deepcopy(self._model), self._partition.balance), self._config
+            )
         else:
             self._guard(self._executor.sync)
             while len(self._state.held) < self._due():  # out of the pipeline, not handed out yet
@@ -457,8 +473,9 @@ class Pipeline:
         resume, state.resume = state.resume, None
         layout = _layout(stages, x, state.y_spec) if resume is None else layout_from_plain(resume["layout"])
         state.layout = layout
-        self._executor = executor = self._executor_class(stages, self._devices, self._config, self._threads,
-                                                         self._timeout)
+        self._executor = executor = self._executor_class(
+            stages, self._devices, self._config, self._threads, self._timeout
+        )
         if resume is None:
             self._guard(executor.start, layout)
         else:
@@ -504,9 +521,14 @@ class Pipeline:
         skipped = sum(self._skips)
         if len(self._skips) == SKIP_WINDOW and skipped > SKIP_SHARE * SKIP_WINDOW:
             if not self._warned_skips:
-                log.warning("nonfinite='skip': %d of the last %d samples (up to sample %d) were skipped, so the "
-                            "pipeline learns from few of them; the run has most likely diverged: lower the "
-                            "learning rate, or look at the samples", skipped, SKIP_WINDOW, result.index)
+                log.warning(
+                    "nonfinite='skip': %d of the last %d samples (up to sample %d) were skipped, so the "
+                    "pipeline learns from few of them; the run has most likely diverged: lower the "
+                    "learning rate, or look at the samples",
+                    skipped,
+                    SKIP_WINDOW,
+                    result.index,
+                )
                 self._warned_skips = True
         elif skipped <= SKIP_SHARE * SKIP_WINDOW / 2:
             self._warned_skips = False  # recovered: warn again if it happens again
@@ -529,8 +551,10 @@ def _pair(item: Any, index: int) -> tuple[Any, Any]:
     if isinstance(item, (tuple, list)) and len(item) == 2:
         return item[0], item[1]
     kind = f"a {type(item).__name__}" + (f" of {len(item)}" if isinstance(item, (tuple, list)) else "")
-    raise ValueError(f"loss_fn takes a target and ys was not given, so every item of xs must be a pair (x, y); "
-                     f"sample {index} is {kind}: pass ys=, or pairs")
+    raise ValueError(
+        f"loss_fn takes a target and ys was not given, so every item of xs must be a pair (x, y); "
+        f"sample {index} is {kind}: pass ys=, or pairs"
+    )
 
 
 def _layout(stages: list[nn.Sequential], x: Any, target: ValueSpec | None) -> Layout:

@@ -216,8 +216,7 @@ class Stage:
         if not isinstance(loss, Tensor) or loss.dim() != 0:
             shape = tuple(loss.shape) if isinstance(loss, Tensor) else type(loss).__name__
             raise ValueError(
-                f"loss_fn must return a scalar tensor, got {shape} for sample {sample}; "
-                "reduce it, e.g. with .mean()"
+                f"loss_fn must return a scalar tensor, got {shape} for sample {sample}; reduce it, e.g. with .mean()"
             )
         if self.optimizer is not None and not loss.requires_grad:
             raise ValueError(
@@ -267,8 +266,10 @@ class Stage:
             "anchors": [(sample, copy_tensors(anchor)) for sample, anchor in self._anchors.items()],
         }
         if isinstance(self._predictor, WeightPredictor):
-            state["prediction"] = {"previous": copy_tensors(self._predictor.previous),
-                                   "velocity": copy_tensors(self._predictor.velocity)}
+            state["prediction"] = {
+                "previous": copy_tensors(self._predictor.previous),
+                "velocity": copy_tensors(self._predictor.velocity),
+            }
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -280,8 +281,10 @@ class Stage:
         copies of the buffers, so that BatchNorm's statistics see no extra forward.
         """
         if state["optimizer_class"] != type(self.optimizer).__name__:
-            raise ValueError(f"stage {self.index}: the checkpoint's optimizer is {state['optimizer_class']}, "
-                             f"this stage's is {type(self.optimizer).__name__}")
+            raise ValueError(
+                f"stage {self.index}: the checkpoint's optimizer is {state['optimizer_class']}, "
+                f"this stage's is {type(self.optimizer).__name__}"
+            )
         self.module.load_state_dict(state["module"])
         if self.optimizer is not None and state["optimizer"] is not None:
             self.optimizer.load_state_dict(state["optimizer"])
@@ -289,8 +292,10 @@ class Stage:
             self._step_size.steps = state["lr_scale_steps"]
         if isinstance(self._predictor, WeightPredictor):
             with torch.no_grad():
-                for dst, src in zip(self._predictor.previous + self._predictor.velocity,
-                                    state["prediction"]["previous"] + state["prediction"]["velocity"]):
+                for dst, src in zip(
+                    self._predictor.previous + self._predictor.velocity,
+                    state["prediction"]["previous"] + state["prediction"]["velocity"],
+                ):
                     dst.copy_(src)
         self._anchors = {sample: [t.to(self.device) for t in anchor] for sample, anchor in state.get("anchors", ())}
         self._newest = None
@@ -314,13 +319,19 @@ class Stage:
     def _make_optimizer(self, factory: OptimizerFactory) -> torch.optim.Optimizer:
         """``factory``'s optimizer of this stage's trainable parameters, checked (see the class)."""
         optimizer = factory(self._params)
-        source = (f"stage {self.index}: the optimizer factory, called on its {len(self._params)} trainable "
-                  f"parameters ({_listed(self._names)}),")
+        source = (
+            f"stage {self.index}: the optimizer factory, called on its {len(self._params)} trainable "
+            f"parameters ({_listed(self._names)}),"
+        )
         left_out = check_holds(optimizer, self._params, source, f"stage {self.index} would never learn")
         if left_out:
-            log.warning("stage %d: the optimizer leaves out %d of its %d trainable parameters, which will not "
-                        "learn: %s", self.index, len(left_out), len(self._params),
-                        _listed([self._names[k] for k in left_out]))
+            log.warning(
+                "stage %d: the optimizer leaves out %d of its %d trainable parameters, which will not learn: %s",
+                self.index,
+                len(left_out),
+                len(self._params),
+                _listed([self._names[k] for k in left_out]),
+            )
         return optimizer
 
     def _record_from(self, state: dict[str, Any]) -> _Forward:
@@ -364,8 +375,9 @@ class Stage:
             outputs = record.outputs = self._run(record)
         return record, outputs
 
-    def _apply(self, sample: int, record: _Forward, outputs: tuple[Tensor, ...],
-               grads: tuple[Tensor, ...] | None) -> Any:
+    def _apply(
+        self, sample: int, record: _Forward, outputs: tuple[Tensor, ...], grads: tuple[Tensor, ...] | None
+    ) -> Any:
         """Back-propagate ``sample``'s ``grads`` through ``record`` (None: ``outputs`` is the loss),
         step, return the gradient w.r.t. the input."""
         weights = record.weights or self._params
@@ -407,7 +419,7 @@ class Stage:
             self._drop_stale_graphs()
         if self.index == 0:
             return None
-        from_autograd = iter(found[len(weights):])
+        from_autograd = iter(found[len(weights) :])
         input_grads = []
         for t in record.inputs:
             g = next(from_autograd) if t.requires_grad else None
@@ -429,8 +441,13 @@ def _listed(names: list[str], most: int = 6) -> str:
 
 
 def _record_state(record: _Forward) -> dict[str, Any]:
-    return {"sample": record.sample, "inputs": copy_tensors(list(record.inputs)), "is_tuple": record.is_tuple,
-            "weights": copy_tensors(record.weights), "graph": record.outputs is not None}
+    return {
+        "sample": record.sample,
+        "inputs": copy_tensors(list(record.inputs)),
+        "is_tuple": record.is_tuple,
+        "weights": copy_tensors(record.weights),
+        "graph": record.outputs is not None,
+    }
 
 
 def value_of(tensors: tuple[Tensor, ...], is_tuple: bool) -> Any:

@@ -58,8 +58,10 @@ _DIGITS_TAG, _SHUFFLE_TAG, _CAMERA_TAG = 0, 1, 2
 
 def _missing(package: str, error: ImportError) -> ImportError:
     """The error for data whose reader is not installed: what is missing, and how to install it."""
-    return ImportError(f"partime.streams reads its data with {package}, which could not be imported ({error}): "
-                       "pip install partime[tools]")
+    return ImportError(
+        f"partime.streams reads its data with {package}, which could not be imported ({error}): "
+        "pip install partime[tools]"
+    )
 
 
 @functools.cache
@@ -222,9 +224,7 @@ def _window(photo: Tensor, top: float, left: float, size: int) -> Tensor:
     return rows[:, :, :-1] * (1 - dx) + rows[:, :, 1:] * dx
 
 
-def panning_camera(
-    n: int, *, seed: int = 0, size: int = 32, batch: int = 1, speed: float = 0.5
-) -> Iterator[Tensor]:
+def panning_camera(n: int, *, seed: int = 0, size: int = 32, batch: int = 1, speed: float = 0.5) -> Iterator[Tensor]:
     """``n`` frames ``[batch, 3, size, size]`` (float32 in [0, 1]) of a camera panning over a photograph.
 
     Each row of the batch is its own camera over one of the two bundled photographs (shrunk to
@@ -245,9 +245,7 @@ def panning_camera(
     return _panning_camera(photos, n, seed, size, batch, speed)
 
 
-def _panning_camera(
-    photos: Tensor, n: int, seed: int, size: int, batch: int, speed: float
-) -> Iterator[Tensor]:
+def _panning_camera(photos: Tensor, n: int, seed: int, size: int, batch: int, speed: float) -> Iterator[Tensor]:
     height, width = photos.shape[-2:]
     rngs = [np.random.default_rng([seed, _CAMERA_TAG, row]) for row in range(batch)]
     picks = [int(rng.integers(len(photos))) for rng in rngs]

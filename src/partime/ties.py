@@ -121,10 +121,7 @@ def _nearest_cuts(cuts: Sequence[int], allowed: Sequence[int]) -> tuple[int, ...
 
 def _tie_text(tie: Tie, stages: Sequence[int] = ()) -> str:
     where = [f" (stage {s})" for s in stages] or ["", ""]
-    return (
-        f'"{tie.first_name}" of layer {tie.first}{where[0]} is '
-        f'"{tie.second_name}" of layer {tie.second}{where[1]}'
-    )
+    return f'"{tie.first_name}" of layer {tie.first}{where[0]} is "{tie.second_name}" of layer {tie.second}{where[1]}'
 
 
 def _block(n: int, cut: int, ties: Collection[int]) -> tuple[int, int]:

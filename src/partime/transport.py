@@ -160,9 +160,7 @@ class Channel:
         # Header per slot: kind, index, number of tensors sent (0 or len(specs)).
         self._header = torch.zeros(capacity * 3, dtype=torch.int64).share_memory_()
         self._scalar = torch.zeros(capacity, dtype=torch.float64).share_memory_()
-        self._buffers = tuple(
-            torch.zeros((capacity, *spec.shape), dtype=spec.dtype).share_memory_() for spec in specs
-        )
+        self._buffers = tuple(torch.zeros((capacity, *spec.shape), dtype=spec.dtype).share_memory_() for spec in specs)
         self._free = ctx.Semaphore(capacity)
         self._filled = ctx.Semaphore(0)
         self._put_at = 0

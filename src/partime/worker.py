@@ -44,8 +44,15 @@ from .values import ValueSpec, as_tensors, rebuild
 class Link(Protocol):
     """One direction of messages between two workers (or a worker and the caller)."""
 
-    def put(self, kind: int, index: int, tensors: Sequence[Tensor] = (), scalar: float = 0.0, *,
-            check: Callable[[], None] | None = None) -> None:
+    def put(
+        self,
+        kind: int,
+        index: int,
+        tensors: Sequence[Tensor] = (),
+        scalar: float = 0.0,
+        *,
+        check: Callable[[], None] | None = None,
+    ) -> None:
         """Send one message (waiting for room, asking ``check``); the sender keeps its tensors."""
         ...
 
@@ -88,8 +95,9 @@ class Where:
     def report(self, stage: int, exc: BaseException) -> dict[str, Any]:
         """A failure as data: the arguments of a ``StageError``."""
         text = "".join(tb.format_exception(type(exc), exc, exc.__traceback__))
-        return dict(stage=stage, sample=self.sample, phase=self.phase,
-                    message=f"{type(exc).__name__}: {exc}", traceback=text)
+        return dict(
+            stage=stage, sample=self.sample, phase=self.phase, message=f"{type(exc).__name__}: {exc}", traceback=text
+        )
 
 
 @dataclass
@@ -123,12 +131,12 @@ class SentLog(Sent):
                 return sent
         if tick < 0:
             return Sent()
-        raise LookupError(f"tick {tick} is not among the {len(self._log)} ticks noted: "
-                          f"{[t for t, _ in self._log]}")
+        raise LookupError(f"tick {tick} is not among the {len(self._log)} ticks noted: {[t for t, _ in self._log]}")
 
 
 def stage_answer(stage: Stage, sent: Sent) -> dict[str, Any]:
     """One stage's part of a checkpoint: its state and what it sent during the tick before it."""
+
     def value(v: tuple[int, tuple[Tensor, ...] | None] | None) -> dict[str, Any] | None:
         return None if v is None else transit_message(*v)
 
@@ -140,17 +148,24 @@ def executor_state(answers: list[dict[str, Any]], tick: int, targets: list[dict[
     ``tick`` ticks into the segment (0: between two segments), and the targets in transit."""
     transit = None
     if tick:
-        transit = {"tick": tick, "acts": [None] + [a["activation"] for a in answers[:-1]],
-                   "grads": [a["gradient"] for a in answers[1:]] + [None], "targets": targets}
+        transit = {
+            "tick": tick,
+            "acts": [None] + [a["activation"] for a in answers[:-1]],
+            "grads": [a["gradient"] for a in answers[1:]] + [None],
+            "targets": targets,
+        }
     return {"stages": [a["stage"] for a in answers], "transit": transit}
 
 
 def stage_resume(state: dict[str, Any], i: int) -> dict[str, Any]:
     """What stage ``i`` resumes from, out of an executor's state: for ``resume``."""
     transit = state["transit"]
-    return {"stage": state["stages"][i], "tick": transit["tick"] if transit else 0,
-            "activation": transit["acts"][i] if transit else None,
-            "gradient": transit["grads"][i] if transit else None}
+    return {
+        "stage": state["stages"][i],
+        "tick": transit["tick"] if transit else 0,
+        "activation": transit["acts"][i] if transit else None,
+        "gradient": transit["grads"][i] if transit else None,
+    }
 
 
 def resume(stage: Stage, links: Links, state: dict[str, Any]) -> tuple[Links, int]:
@@ -235,14 +250,19 @@ def result_of(message: Message, output: ValueSpec, learning: bool) -> Result:
     """The ``Result`` a message on the last stage's result link stands for."""
     if not message.tensors:  # a skipped input: it never went forward
         return Result(message.index, None, None, skipped=True)
-    return Result(message.index, rebuild(output, message.tensors), message.scalar if learning else None,
-                  skipped=message.kind == KIND_SKIP)
+    return Result(
+        message.index,
+        rebuild(output, message.tensors),
+        message.scalar if learning else None,
+        skipped=message.kind == KIND_SKIP,
+    )
 
 
 def resumed_links(links: Links, activation: dict[str, Any] | None, gradient: dict[str, Any] | None) -> Links:
     """``links`` with the values in transit of a checkpoint (``checkpoint.message`` dicts, or None)
     waiting on them: the activation for this stage's next forward, the gradient for its next product
     (a value without tensors is a SKIP)."""
+
     def primed(link: Any, value: dict[str, Any] | None) -> Any:
         if value is None:
             return link
@@ -253,8 +273,16 @@ def resumed_links(links: Links, activation: dict[str, Any] | None, gradient: dic
     return replace(links, act_in=primed(links.act_in, activation), grad_in=primed(links.grad_in, gradient))
 
 
-def run_stage(stage: Stage, links: Links, check: Callable[[], None], where: Where, sent: Sent, *,
-              first: Links | None = None, tick: int = 0) -> None:
+def run_stage(
+    stage: Stage,
+    links: Links,
+    check: Callable[[], None],
+    where: Where,
+    sent: Sent,
+    *,
+    first: Links | None = None,
+    tick: int = 0,
+) -> None:
     """A stage's life in its worker: segment after segment, the first one from ``tick`` on ``first``
     (a resumed stage's links, ``resume``), every other on ``links``, until ``check`` raises
     (``transport.Aborted``: the run is over) or the stage fails (its exception, with ``where``)."""
@@ -263,8 +291,9 @@ def run_stage(stage: Stage, links: Links, check: Callable[[], None], where: Wher
         run_segment(stage, links, check, where, sent=sent)
 
 
-def run_segment(stage: Stage, links: Links, check: Callable[[], None], where: Where, *,
-                tick: int = 0, sent: Sent | None = None) -> None:
+def run_segment(
+    stage: Stage, links: Links, check: Callable[[], None], where: Where, *, tick: int = 0, sent: Sent | None = None
+) -> None:
     """The ticks of one segment, from ``tick`` (a resumed segment starts later than 0), until the
     END message and this stage's last action; ``sent`` (if given) notes what each tick sends.
 

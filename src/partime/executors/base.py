@@ -112,8 +112,14 @@ class Executor(ABC):
 
     # -- the life of one executor -----------------------------------------------------------------
 
-    def __init__(self, stages: list[nn.Sequential], devices: list[str], config: StageConfig, threads: int | None,
-                 timeout: float | None = None):
+    def __init__(
+        self,
+        stages: list[nn.Sequential],
+        devices: list[str],
+        config: StageConfig,
+        threads: int | None,
+        timeout: float | None = None,
+    ):
         self.stages = stages
         self.devices = devices
         self.config = config
@@ -154,8 +160,9 @@ class Executor(ABC):
         """Stop and release everything; idempotent, and safe after a failure."""
 
 
-def with_deadline(check: Callable[[], None], timeout: float | None,
-                  expired: Callable[[], BaseException]) -> Callable[[], None]:
+def with_deadline(
+    check: Callable[[], None], timeout: float | None, expired: Callable[[], BaseException]
+) -> Callable[[], None]:
     """``check`` for one wait of the caller that raises ``expired()`` once the wait has lasted
     ``timeout`` seconds (``check`` itself when there is no timeout)."""
     if timeout is None:

@@ -109,10 +109,12 @@ def _state_specs(module: nn.Module) -> tuple[tuple[str, TensorSpec], ...]:
 
 
 def _config_key(config: StageConfig) -> dict[str, Any]:
-    return dict(learning=config.learning, supervised=bool(config.supervised), grad_mode=config.grad_mode,
-                compensation=tuple(config.compensation))
-
-
+    return dict(
+        learning=config.learning,
+        supervised=bool(config.supervised),
+        grad_mode=config.grad_mode,
+        compensation=tuple(config.compensation),
+    )
 
 
 def _wires(plan: _Plan, depth: int) -> list[Wire]:
@@ -158,8 +160,10 @@ class DistributedExecutor(Executor):
         """Stage r runs on rank r's device: ``devices`` must be None."""
         names = super().check_devices(devices, depth)
         if devices is not None:
-            raise ValueError(f"the distributed executor puts stage r on rank r's device (cuda:LOCAL_RANK, or the CPU "
-                             f"without GPUs); leave devices=None, got {names}")
+            raise ValueError(
+                f"the distributed executor puts stage r on rank r's device (cuda:LOCAL_RANK, or the CPU "
+                f"without GPUs); leave devices=None, got {names}"
+            )
         return names
 
     def start(self, layout: Layout, state: dict[str, Any] | None = None) -> None:
@@ -168,8 +172,13 @@ class DistributedExecutor(Executor):
         self._layout = layout
         self._names = [[k for k, _ in _state_specs(s)] for s in self.stages]
         self._offered = self._seen = self._synced = 0
-        plan = _Plan(tuple(len(s) for s in self.stages), layout, _config_key(config),
-                     tuple(_state_specs(s) for s in self.stages), resumed=state is not None)
+        plan = _Plan(
+            tuple(len(s) for s in self.stages),
+            layout,
+            _config_key(config),
+            tuple(_state_specs(s) for s in self.stages),
+            resumed=state is not None,
+        )
         if state is not None:
             for r in range(1, depth):
                 run.publish(f"resume {r}", to_bytes(stage_resume(state, r)))
@@ -177,8 +186,9 @@ class DistributedExecutor(Executor):
         run.wait_store("ready", self._waiting("every rank to take the plan"), least=depth - 1)
         run.connect(_wires(plan, depth))
         for r in range(1, depth):  # every rank starts with rank 0's weights
-            run.links[f"control 0->{r}"].put(KIND_STATE, 0, list(self.stages[r].state_dict().values()),
-                                             check=run.health.check)
+            run.links[f"control 0->{r}"].put(
+                KIND_STATE, 0, list(self.stages[r].state_dict().values()), check=run.health.check
+            )
         last = depth == 1
         self._inputs = _local(layout.input.tensors, CAPACITY, "input")
         self._results = run.link("result") or _local(layout.output.tensors, CAPACITY, "result")
@@ -188,17 +198,24 @@ class DistributedExecutor(Executor):
         self._feeder = Feeder(self._inputs, self._targets, depth)
         self._permits, self._ticks = Permits(0), threading.Semaphore(0)
         links = Links(
-            index=0, layout=layout, act_in=self._inputs, act_out=run.link("activation 0->1"),
-            grad_in=run.link("gradient 1->0"), targets=self._targets if last else None,
-            results=self._results if last else None, permits=self._permits, ticks=self._ticks,
+            index=0,
+            layout=layout,
+            act_in=self._inputs,
+            act_out=run.link("activation 0->1"),
+            grad_in=run.link("gradient 1->0"),
+            targets=self._targets if last else None,
+            results=self._results if last else None,
+            permits=self._permits,
+            ticks=self._ticks,
         )
         self._stage, self._sent = Stage(0, self.stages[0], config, run.device), Sent()
         first, tick = links, 0
         if state is not None:
             first, tick = resume(self._stage, links, stage_resume(state, 0))
         self._threads_before = torch.get_num_threads()
-        self._thread = threading.Thread(target=self._stage_zero, args=(first, tick, links), name="partime stage 0",
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=self._stage_zero, args=(first, tick, links), name="partime stage 0", daemon=True
+        )
         self._thread.start()
         if state is not None:
             self._feeder.resume(state["transit"], self._waiting("the last stage to take the targets in transit"))
@@ -272,14 +289,19 @@ class DistributedExecutor(Executor):
         """The check for one wait of rank 0's caller: the run's failure, and a ``StageTimeoutError``
         naming ``stage`` (or, without one, the stage furthest behind that rank 0 can tell: stage 0
         if it has not finished the ticks offered, else the last) once it has lasted ``timeout``."""
+
         def expired() -> StageTimeoutError:
             behind = stage
             if behind is None:
                 behind = 0 if self._seen < self._offered else self.depth - 1
-            return StageTimeoutError(behind, None, "waiting",
-                                     f"rank 0's caller waited {self.timeout:g} s for {what} (rank {behind}); is that "
-                                     f"rank's process stopped, or does its stage block? Pass a larger timeout= if a "
-                                     f"tick may take that long")
+            return StageTimeoutError(
+                behind,
+                None,
+                "waiting",
+                f"rank 0's caller waited {self.timeout:g} s for {what} (rank {behind}); is that "
+                f"rank's process stopped, or does its stage block? Pass a larger timeout= if a "
+                f"tick may take that long",
+            )
 
         return with_deadline(self._run.health.check, self.timeout, expired)
 
@@ -350,8 +372,9 @@ class DistributedExecutor(Executor):
                 granted = message.index
             elif message.kind == KIND_SNAPSHOT:
                 finish(message.index)
-                run.links[f"reply {rank}->0"].put(KIND_STATE, message.index, list(module.state_dict().values()),
-                                                  check=health.stop_check)
+                run.links[f"reply {rank}->0"].put(
+                    KIND_STATE, message.index, list(module.state_dict().values()), check=health.stop_check
+                )
             elif message.kind == KIND_CHECKPOINT:
                 finish(message.index)
                 try:
@@ -376,10 +399,15 @@ class DistributedExecutor(Executor):
             torch.set_num_threads(threads)
             last = rank == config.depth - 1
             links = Links(
-                index=rank, layout=plan.layout, act_in=run.links[f"activation {rank - 1}->{rank}"],
-                act_out=run.link(f"activation {rank}->{rank + 1}"), grad_in=run.link(f"gradient {rank + 1}->{rank}"),
-                grad_out=run.link(f"gradient {rank}->{rank - 1}"), targets=run.link("target") if last else None,
-                results=run.link("result") if last else None, ticks=ticks,
+                index=rank,
+                layout=plan.layout,
+                act_in=run.links[f"activation {rank - 1}->{rank}"],
+                act_out=run.link(f"activation {rank}->{rank + 1}"),
+                grad_in=run.link(f"gradient {rank + 1}->{rank}"),
+                grad_out=run.link(f"gradient {rank}->{rank - 1}"),
+                targets=run.link("target") if last else None,
+                results=run.link("result") if last else None,
+                ticks=ticks,
                 # Ungated in inference: no weight changes, so the weights between two ticks are
                 # these whatever tick the stage is at, and no permit need travel per tick.
                 permits=permits if config.learning else None,
@@ -407,9 +435,12 @@ def _check_plan(plan: _Plan, rank: int, module: nn.Module, config: StageConfig) 
     ours, theirs = _config_key(config), dict(plan.config)
     ours.pop("supervised"), theirs.pop("supervised")  # rank 0 alone sees the targets
     if ours != theirs:
-        raise ValueError(f"rank {rank} was given another pipeline than rank 0: {ours} on rank {rank}, "
-                         f"{theirs} on rank 0")
+        raise ValueError(
+            f"rank {rank} was given another pipeline than rank 0: {ours} on rank {rank}, {theirs} on rank 0"
+        )
     if _state_specs(module) != plan.states[rank]:
         here, there = ([f"{k} {s}" for k, s in specs] for specs in (_state_specs(module), plan.states[rank]))
-        raise ValueError(f"stage {rank} of the model differs between rank {rank} and rank 0: {here} on rank {rank}, "
-                         f"{there} on rank 0")
+        raise ValueError(
+            f"stage {rank} of the model differs between rank {rank} and rank 0: {here} on rank {rank}, "
+            f"{there} on rank 0"
+        )

@@ -65,11 +65,16 @@ class Driver(Executor):
         the targets and results; its permits and its count of finished ticks."""
         last, learning = i == self.depth - 1, self.config.learning
         return Links(
-            index=i, layout=self._layout, act_in=acts[i], act_out=None if last else acts[i + 1],
+            index=i,
+            layout=self._layout,
+            act_in=acts[i],
+            act_out=None if last else acts[i + 1],
             grad_in=grads[i] if learning and not last else None,
             grad_out=grads[i - 1] if learning and i > 0 else None,
-            targets=self._targets if last else None, results=self._results if last else None,
-            permits=self._permits[i], ticks=self._ticks[i],
+            targets=self._targets if last else None,
+            results=self._results if last else None,
+            permits=self._permits[i],
+            ticks=self._ticks[i],
         )
 
     def feed(self, index: int, x: Any, y: Any) -> None:
@@ -136,11 +141,16 @@ class Driver(Executor):
                 behind = stage
             sample, phase, doing = self.work_at(behind, self._seen[behind])
         self._stuck.add(behind)
-        return StageTimeoutError(behind, sample, phase,
-                                 f"the caller waited {waited or self.timeout:g} s for {what}; {self._describe(behind)} "
-                                 f"has finished {self._seen[behind]} of the {self._offered} ticks offered, and is "
-                                 f"{doing}: is it stopped, or does its forward block? Pass a larger "
-                                 f"timeout= if a tick may take that long", "")
+        return StageTimeoutError(
+            behind,
+            sample,
+            phase,
+            f"the caller waited {waited or self.timeout:g} s for {what}; {self._describe(behind)} "
+            f"has finished {self._seen[behind]} of the {self._offered} ticks offered, and is "
+            f"{doing}: is it stopped, or does its forward block? Pass a larger "
+            f"timeout= if a tick may take that long",
+            "",
+        )
 
     def finished(self, i: int) -> int:
         """How many ticks stage ``i`` has finished, as far as its semaphore says now."""

@@ -54,13 +54,20 @@ class InlineExecutor(Executor):
     def state_dict(self) -> dict[str, Any]:
         transit = None
         if self._fed:
+
             def sent(value: Message | None) -> dict[str, Any] | None:
                 if value is None:
                     return None
-                return message(value.sample, None if isinstance(value, Skip) else as_tensors(value.value, "value in transit"))
+                return message(
+                    value.sample, None if isinstance(value, Skip) else as_tensors(value.value, "value in transit")
+                )
 
-            transit = {"tick": self._tick, "acts": [sent(a) for a in self._acts], "grads": [sent(g) for g in self._grads],
-                       "targets": [sent(Data(s, y)) for s, y in self._targets.items() if y is not None]}
+            transit = {
+                "tick": self._tick,
+                "acts": [sent(a) for a in self._acts],
+                "grads": [sent(g) for g in self._grads],
+                "targets": [sent(Data(s, y)) for s, y in self._targets.items() if y is not None],
+            }
         return {"stages": [stage.state_dict() for stage in self._stages], "transit": transit}
 
     def _resume(self, layout: Layout, state: dict[str, Any]) -> None:
@@ -83,8 +90,9 @@ class InlineExecutor(Executor):
         self._targets = {}
         if transit["targets"]:
             if layout.target is None:
-                raise CheckpointError(f"damaged checkpoint: it has {len(transit['targets'])} targets in transit "
-                                      "but no layout.target")
+                raise CheckpointError(
+                    f"damaged checkpoint: it has {len(transit['targets'])} targets in transit but no layout.target"
+                )
             self._targets = {t["sample"]: rebuild(layout.target, tuple(t["tensors"])) for t in transit["targets"]}
 
     def _begin_segment(self) -> None:
@@ -138,8 +146,12 @@ class InlineExecutor(Executor):
                 if sent.result is not None:
                     self._results.append(sent.result)
             message = self._grads[i]
-            if learning and not last and message is not None and \
-                    schedule.backward_sample(i, tick, depth, num_samples) is not None:
+            if (
+                learning
+                and not last
+                and message is not None
+                and schedule.backward_sample(i, tick, depth, num_samples) is not None
+            ):
                 try:
                     back = backward_half(stage, message)
                 except Exception as exc:

@@ -121,8 +121,17 @@ class Link:
     ping once ``PING_S`` passed without a message) and sends the CLOSE of ``hang_up``.
     """
 
-    def __init__(self, name: str, group: Any, peer: int, sending: bool, payload: Mapping[int, tuple[TensorSpec, ...]],
-                 device: torch.device, health: Health, deliver: Callable[[Message], None] | None = None):
+    def __init__(
+        self,
+        name: str,
+        group: Any,
+        peer: int,
+        sending: bool,
+        payload: Mapping[int, tuple[TensorSpec, ...]],
+        device: torch.device,
+        health: Health,
+        deliver: Callable[[Message], None] | None = None,
+    ):
         self.name, self.group, self.peer, self.device, self.health = name, group, peer, device, health
         self.sending, self.payload = sending, payload
         self._to = dist.get_group_rank(group, peer)  # the process group's own calls: no per-call checks
@@ -146,8 +155,15 @@ class Link:
         self._thread = threading.Thread(target=loop, name=f"partime {name}", daemon=True)
         self._thread.start()
 
-    def put(self, kind: int, index: int, tensors: Sequence[Tensor] = (), scalar: float = 0.0, *,
-            check: Callable[[], None] | None = None) -> None:
+    def put(
+        self,
+        kind: int,
+        index: int,
+        tensors: Sequence[Tensor] = (),
+        scalar: float = 0.0,
+        *,
+        check: Callable[[], None] | None = None,
+    ) -> None:
         """Send one message; it is on the wire when ``put`` returns, and the caller keeps the tensors.
 
         A ValueError names the link and both layouts unless the tensors are the ones ``payload``
@@ -158,8 +174,10 @@ class Link:
         specs = self.payload.get(KIND_DATA if self._packed and kind == KIND_SKIP else kind, ())
         got = tuple(TensorSpec(tuple(t.shape), t.dtype) for t in tensors)
         if got != specs and not (got == () and kind == KIND_SKIP):
-            raise ValueError(f"link {self.name!r}: got tensors {[str(s) for s in got]} for a message of kind "
-                             f"{kind}, but it carries {[str(s) for s in specs]}")
+            raise ValueError(
+                f"link {self.name!r}: got tensors {[str(s) for s in got]} for a message of kind "
+                f"{kind}, but it carries {[str(s) for s in specs]}"
+            )
         with self._lock:
             if self._hung_up:
                 raise Aborted
@@ -198,7 +216,7 @@ class Link:
         offsets, size = self._layouts[KIND_DATA if self._packed else kind]
         frame = torch.empty(size, dtype=torch.uint8, device=self.device)
         for t, at in zip(tensors, offsets):
-            frame[at:at + t.nbytes].view(t.dtype).view(t.shape).copy_(t.detach())
+            frame[at : at + t.nbytes].view(t.dtype).view(t.shape).copy_(t.detach())
         if not self._packed:
             return (header, frame)
         frame[:_HEADER].copy_(header)
@@ -210,7 +228,7 @@ class Link:
             kind = KIND_DATA
         specs = self.payload.get(kind, ())
         offsets = self._layouts[kind][0] if specs else ()
-        return tuple(frame[at:at + s.nbytes].view(s.dtype).view(s.shape) for s, at in zip(specs, offsets))
+        return tuple(frame[at : at + s.nbytes].view(s.dtype).view(s.shape) for s, at in zip(specs, offsets))
 
     def hang_up(self) -> None:
         """Sending end: CLOSE goes after every message sent so far, and the thread ends; later

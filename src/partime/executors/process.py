@@ -84,7 +84,6 @@ from .driver import CAPACITY, JOIN_S, Driver
 log = logging.getLogger(__name__)
 
 
-
 START_S = 60.0
 """The least time the caller gives the workers to start (a fresh interpreter imports torch and
 rebuilds its stage), whatever the pipeline's ``timeout``."""
@@ -101,8 +100,10 @@ class _SharingPickler(cloudpickle.Pickler):
     """cloudpickle, with torch's reductions for multiprocessing: tensors in shared memory travel
     as file descriptors (so the caller keeps reading the stages' weights in place)."""
 
-    dispatch_table: ClassVar[ChainMap[Any, Any]] = ChainMap(ForkingPickler._extra_reducers,  # type: ignore[attr-defined]
-                                                           cloudpickle.Pickler.dispatch_table)
+    dispatch_table: ClassVar[ChainMap[Any, Any]] = ChainMap(
+        ForkingPickler._extra_reducers,  # type: ignore[attr-defined]
+        cloudpickle.Pickler.dispatch_table,
+    )
 
 
 class _ByValue:
@@ -168,10 +169,18 @@ class ProcessExecutor(Driver):
         # The caller's own channels do not spin: on a machine with one core per stage, a caller
         # spinning for its result would take a core from a stage.
         acts = [Channel(_SHARED, layout.input.tensors, CAPACITY, name="input", spin_s=0)]
-        acts += [Channel(_SHARED, spec.tensors, CAPACITY, name=f"activation {i}->{i + 1}")
-                 for i, spec in enumerate(layout.activations)]
-        grads = [Channel(_SHARED, spec.tensors, CAPACITY, name=f"gradient {i + 1}->{i}")
-                 for i, spec in enumerate(layout.activations)] if learning else []
+        acts += [
+            Channel(_SHARED, spec.tensors, CAPACITY, name=f"activation {i}->{i + 1}")
+            for i, spec in enumerate(layout.activations)
+        ]
+        grads = (
+            [
+                Channel(_SHARED, spec.tensors, CAPACITY, name=f"gradient {i + 1}->{i}")
+                for i, spec in enumerate(layout.activations)
+            ]
+            if learning
+            else []
+        )
         self._targets = None
         if layout.target is not None:
             # the caller is ahead of the last stage by up to D ticks (and the lookahead) of targets
@@ -186,8 +195,17 @@ class ProcessExecutor(Driver):
             module.share_memory()  # the caller reads the trained weights in place
             links = self.stage_links(i, acts, grads)
             resume = None if state is None else to_bytes(stage_resume(state, i))
-            worker = _Worker(_ByValue(module), config, self.threads or 1, links, self._stop, os.getpid(),
-                             self._asks[i], pipes[i][1], resume)
+            worker = _Worker(
+                _ByValue(module),
+                config,
+                self.threads or 1,
+                links,
+                self._stop,
+                os.getpid(),
+                self._asks[i],
+                pipes[i][1],
+                resume,
+            )
             proc = ctx.Process(target=_work, args=(worker,), name=f"partime-stage-{i}", daemon=True)
             self._procs.append(proc)
         try:
@@ -197,7 +215,9 @@ class ProcessExecutor(Driver):
             for _, sender in pipes:
                 sender.close()  # the workers hold their ends: a dead worker's pipe then reads as ended
             patience = None if self.timeout is None else max(self.timeout, START_S)
-            check = with_deadline(self._check, patience, lambda: self._timed_out("every stage to start", None, patience))
+            check = with_deadline(
+                self._check, patience, lambda: self._timed_out("every stage to start", None, patience)
+            )
             while not all(self._ready):
                 self._reports[self._ready.index(False)].poll(POLL_S)
                 check()
@@ -288,7 +308,6 @@ class ProcessExecutor(Driver):
         return WorkerDiedError(i, sample, phase, f"{_death(proc)} {doing}", "")
 
 
-
 @contextlib.contextmanager
 def _main_not_rerun() -> Iterator[None]:
     """While workers start: ``spawn`` would have each one import the caller's main script again (so
@@ -376,5 +395,3 @@ def _work(w: _Worker) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
-
-

@@ -78,7 +78,6 @@ def join_group(depth: int | None = None) -> int:
     return rank
 
 
-
 class Health:
     """This rank's view of the run: closing, or failed (its own failure or the first published)."""
 
@@ -100,9 +99,17 @@ class Health:
         """A link's thread ended with ``exc``: a failure of the peer, unless the run is over anyway."""
         if self.closing or self.failure is not None or isinstance(exc, Aborted):
             return
-        self.fail(dict(stage=peer, sample=None, phase="running", died=True, traceback="",
-                       message=f"rank {peer} is gone: rank {self.rank} on {socket.gethostname()} lost its {link} "
-                               f"link to it ({type(exc).__name__}: {exc})"))
+        self.fail(
+            dict(
+                stage=peer,
+                sample=None,
+                phase="running",
+                died=True,
+                traceback="",
+                message=f"rank {peer} is gone: rank {self.rank} on {socket.gethostname()} lost its {link} "
+                f"link to it ({type(exc).__name__}: {exc})",
+            )
+        )
 
     def stage_failed(self, where: Where, exc: BaseException) -> None:
         """This rank's stage failed."""
@@ -116,9 +123,15 @@ class Health:
             if self.store.check([self.prefix + "failure"]):
                 self.failure = pickle.loads(self.store.get(self.prefix + "failure"))
         except Exception as exc:  # noqa: BLE001 - no store, no run
-            self.failure = dict(stage=0, sample=None, phase="running", died=True, traceback="",
-                                message=f"the process group's store is unreachable; it lives in rank 0 or "
-                                        f"in torchrun's agent ({type(exc).__name__}: {exc})")
+            self.failure = dict(
+                stage=0,
+                sample=None,
+                phase="running",
+                died=True,
+                traceback="",
+                message=f"the process group's store is unreachable; it lives in rank 0 or "
+                f"in torchrun's agent ({type(exc).__name__}: {exc})",
+            )
 
     def stop_check(self) -> None:
         """For the stage loop and the links: raise ``Aborted`` once the run fails or closes."""
@@ -141,8 +154,6 @@ class Health:
         return kind(**report)
 
 
-
-
 @dataclass(frozen=True)
 class Wire:
     """A link to make: its name, the ranks at its ends, and the tensors each kind of message carries."""
@@ -151,7 +162,6 @@ class Wire:
     src: int
     dst: int
     payload: dict[int, tuple[TensorSpec, ...]]
-
 
 
 class Run:
@@ -201,8 +211,13 @@ class Run:
             if self.rank in (wire.src, wire.dst):
                 sending = self.rank == wire.src
                 self.links[wire.name] = Link(
-                    wire.name, group, wire.dst if sending else wire.src, sending, wire.payload,
-                    torch.device("cpu") if small else self.wire, self.health,
+                    wire.name,
+                    group,
+                    wire.dst if sending else wire.src,
+                    sending,
+                    wire.payload,
+                    torch.device("cpu") if small else self.wire,
+                    self.health,
                     deliver=control if wire.name.startswith("control") and not sending else None,
                 )
 

@@ -63,8 +63,6 @@ from .driver import JOIN_S, Driver
 log = logging.getLogger(__name__)
 
 
-
-
 class Signal:
     """A counting semaphore between threads, on ``queue.SimpleQueue`` (C code, and about twice as
     fast to hand over as ``threading.Semaphore``, which is written in Python)."""
@@ -93,8 +91,15 @@ class Handoff:
         self.name, self._copy = name, copy
         self._items: queue.SimpleQueue[Message] = queue.SimpleQueue()
 
-    def put(self, kind: int, index: int, tensors: Sequence[Tensor] = (), scalar: float = 0.0, *,
-            check: Callable[[], None] | None = None) -> None:
+    def put(
+        self,
+        kind: int,
+        index: int,
+        tensors: Sequence[Tensor] = (),
+        scalar: float = 0.0,
+        *,
+        check: Callable[[], None] | None = None,
+    ) -> None:
         """Hand one message over; it never waits."""
         if self._copy:
             values = tuple(t.detach().clone(memory_format=torch.contiguous_format) for t in tensors)
@@ -150,13 +155,16 @@ class ThreadExecutor(Driver):
                     first, tick = resume(stage, links, stage_resume(state, i))
                 except Exception as exc:
                     raise stage_error(i, None, "resume", exc) from exc
-            thread = threading.Thread(target=self._work, args=(stage, first, links, tick), name=f"partime-stage-{i}",
-                                      daemon=True)
+            thread = threading.Thread(
+                target=self._work, args=(stage, first, links, tick), name=f"partime-stage-{i}", daemon=True
+            )
             self._threads.append(thread)
         for thread in self._threads:
             thread.start()
-        self._feeder.resume(state["transit"] if state is not None else None,
-                            self._waiting("the last stage to take the targets in transit"))
+        self._feeder.resume(
+            state["transit"] if state is not None else None,
+            self._waiting("the last stage to take the targets in transit"),
+        )
 
     def _work(self, stage: Stage, first: Links, links: Links, tick: int) -> None:
         """The body of a stage's thread: run segments until told to stop."""

@@ -100,8 +100,9 @@ def run_bench(
     if bad:
         raise ValueError(f"unknown modes {bad}; choose from {', '.join(MODES)}")
     if samples < blocks or blocks < 1 or warmup < 0:
-        raise ValueError(f"need samples >= blocks >= 1 and warmup >= 0, "
-                         f"got samples={samples}, blocks={blocks}, warmup={warmup}")
+        raise ValueError(
+            f"need samples >= blocks >= 1 and warmup >= 0, got samples={samples}, blocks={blocks}, warmup={warmup}"
+        )
     if not depths or any(d < 1 or d > layers + 1 for d in depths):
         raise ValueError(f"depths must be from 1 to layers + 1 = {layers + 1}, got {list(depths)}")
     report = progress or (lambda label: None)
@@ -131,22 +132,46 @@ def run_bench(
             clocks = cpu_clocks()
             ms = _time_sequential(copy.deepcopy(model), xs, targets, threads, **timing)
             base[threads] = ms
-            rows.append(dict(mode=mode, depth=0, executor=f"sequential ({threads} thr)", threads=threads,
-                             ms_per_sample=ms, others_busy=others_busy(clocks, cores)))
+            rows.append(
+                dict(
+                    mode=mode,
+                    depth=0,
+                    executor=f"sequential ({threads} thr)",
+                    threads=threads,
+                    ms_per_sample=ms,
+                    others_busy=others_busy(clocks, cores),
+                )
+            )
         for depth in depths:
             report(f"{mode}: D={depth}, {executor}")
             clocks = cpu_clocks()
             ms, partition = _time_pipeline(copy.deepcopy(model), depth, executor, xs, targets, **timing)
             times = partition.stage_times or ()
-            rows.append(dict(mode=mode, depth=depth, executor=executor, threads=1, ms_per_sample=ms,
-                             others_busy=others_busy(clocks, cores),
-                             partition=str(partition), balance=list(partition.balance),
-                             stage_ms=[t * 1e3 for t in times], max_stage_ms=max(times) * 1e3 if times else None))
+            rows.append(
+                dict(
+                    mode=mode,
+                    depth=depth,
+                    executor=executor,
+                    threads=1,
+                    ms_per_sample=ms,
+                    others_busy=others_busy(clocks, cores),
+                    partition=str(partition),
+                    balance=list(partition.balance),
+                    stage_ms=[t * 1e3 for t in times],
+                    max_stage_ms=max(times) * 1e3 if times else None,
+                )
+            )
         for row in rows:
             if row["mode"] == mode:
-                row.update(speedup_vs_seq_1thread=base[1] / row["ms_per_sample"],
-                           speedup_vs_seq_allcores=base[cores] / row["ms_per_sample"],
-                           samples=samples, size=size, layers=layers, channels=channels, **hops)
+                row.update(
+                    speedup_vs_seq_1thread=base[1] / row["ms_per_sample"],
+                    speedup_vs_seq_allcores=base[cores] / row["ms_per_sample"],
+                    samples=samples,
+                    size=size,
+                    layers=layers,
+                    channels=channels,
+                    **hops,
+                )
     return rows
 
 
@@ -155,8 +180,9 @@ def median_ms(stamps: Sequence[float], warmup: int, blocks: int) -> float:
     ``stamps`` being the clock read after each call."""
     samples = len(stamps) - 1 - warmup
     if samples < blocks:
-        raise ValueError(f"{blocks} blocks need {blocks} timed samples, "
-                         f"got {samples} ({len(stamps)} stamps, warmup {warmup})")
+        raise ValueError(
+            f"{blocks} blocks need {blocks} timed samples, got {samples} ({len(stamps)} stamps, warmup {warmup})"
+        )
     cuts = [warmup + samples * k // blocks for k in range(blocks + 1)]
     per_block = [(stamps[b] - stamps[a]) * 1e3 / (b - a) for a, b in itertools.pairwise(cuts)]
     log.debug("ms per sample by block: %s", per_block)
@@ -172,8 +198,11 @@ def cpu_clocks() -> tuple[float, float, float] | None:
     except (OSError, ValueError):
         return None
     mine = os.times()
-    return (time.perf_counter(), (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK"),
-            mine.user + mine.system + mine.children_user + mine.children_system)
+    return (
+        time.perf_counter(),
+        (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK"),
+        mine.user + mine.system + mine.children_user + mine.children_system,
+    )
 
 
 def others_busy(start: tuple[float, float, float] | None, cores: int | None = None) -> float | None:
@@ -186,13 +215,22 @@ def others_busy(start: tuple[float, float, float] | None, cores: int | None = No
     return max(0.0, (machine - mine) / (wall * (cores or os.cpu_count() or 1)))
 
 
-def _time_sequential(model: nn.Sequential, xs: torch.Tensor, ys: torch.Tensor | None, threads: int,
-                     *, samples: int, warmup: int, blocks: int) -> float:
+def _time_sequential(
+    model: nn.Sequential,
+    xs: torch.Tensor,
+    ys: torch.Tensor | None,
+    threads: int,
+    *,
+    samples: int,
+    warmup: int,
+    blocks: int,
+) -> float:
     """Median ms per sample of the plain model, one sample at a time, with ``threads`` threads."""
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
         if ys is None:
+
             def one(i: int) -> None:
                 with torch.no_grad():
                     model(xs[i])
@@ -209,8 +247,17 @@ def _time_sequential(model: nn.Sequential, xs: torch.Tensor, ys: torch.Tensor | 
         torch.set_num_threads(before)
 
 
-def _time_pipeline(model: nn.Sequential, depth: int, executor: str, xs: torch.Tensor, ys: torch.Tensor | None,
-                   *, samples: int, warmup: int, blocks: int) -> tuple[float, Partition]:
+def _time_pipeline(
+    model: nn.Sequential,
+    depth: int,
+    executor: str,
+    xs: torch.Tensor,
+    ys: torch.Tensor | None,
+    *,
+    samples: int,
+    warmup: int,
+    blocks: int,
+) -> tuple[float, Partition]:
     """Median ms per sample of ``Pipeline(model, depth)`` streaming ``xs``, and its partition."""
     learning: dict[str, Any] = {} if ys is None else dict(loss_fn=nn.CrossEntropyLoss(), optimizer=sgd)
     before = torch.get_num_threads()

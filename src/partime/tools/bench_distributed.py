@@ -93,9 +93,18 @@ def _cpu_seconds() -> float:
     return times.user + times.system
 
 
-def bench_distributed(samples: int = 300, size: int = 32, layers: int = 16, *, channels: int = 32,
-                      modes: Sequence[str] = ("inference", "learning"), warmup: int = 20, blocks: int = 5,
-                      seed: int = 0, progress: Callable[[str], None] | None = None) -> list[dict[str, Any]] | None:
+def bench_distributed(
+    samples: int = 300,
+    size: int = 32,
+    layers: int = 16,
+    *,
+    channels: int = 32,
+    modes: Sequence[str] = ("inference", "learning"),
+    warmup: int = 20,
+    blocks: int = 5,
+    seed: int = 0,
+    progress: Callable[[str], None] | None = None,
+) -> list[dict[str, Any]] | None:
     """``partime.tools.bench.run_bench`` for this executor: every rank calls it, under torchrun.
 
     With D ranks, one row per mode for the sequential baselines (rank 0 alone, one thread and
@@ -133,12 +142,21 @@ def bench_distributed(samples: int = 300, size: int = 32, layers: int = 16, *, c
             report(f"{mode}: sequential, {threads} thread{'s' if threads > 1 else ''}")
             clocks = cpu_clocks()  # the other ranks wait meanwhile: what they use is others' work
             base[threads] = _time_sequential(copy.deepcopy(model), xs, ys if learning else None, threads, **timing)
-            rows.append(dict(mode=mode, depth=0, executor=f"sequential ({threads} thr)", threads=threads,
-                             ms_per_sample=base[threads], others_busy=others_busy(clocks, cores)))
+            rows.append(
+                dict(
+                    mode=mode,
+                    depth=0,
+                    executor=f"sequential ({threads} thr)",
+                    threads=threads,
+                    ms_per_sample=base[threads],
+                    others_busy=others_busy(clocks, cores),
+                )
+            )
         report(f"{mode}: D={depth}, distributed")
         clocks = cpu_clocks()
-        ms, partition = _time_pipeline(copy.deepcopy(model), depth, "distributed", xs, ys if learning else None,
-                                       **timing)
+        ms, partition = _time_pipeline(
+            copy.deepcopy(model), depth, "distributed", xs, ys if learning else None, **timing
+        )
         busy = others_busy(clocks, cores)
         # One host: take the ranks' CPU out (busy is known only when clocks is: testing both tells mypy so).
         if busy is not None and clocks is not None and os.environ.get("LOCAL_WORLD_SIZE") == str(depth):
@@ -150,13 +168,31 @@ def bench_distributed(samples: int = 300, size: int = 32, layers: int = 16, *, c
         else:
             busy = None
         times = partition.stage_times or ()
-        rows.append(dict(mode=mode, depth=depth, executor="distributed", threads=1, ms_per_sample=ms,
-                         others_busy=busy, partition=str(partition), balance=list(partition.balance),
-                         stage_ms=[t * 1e3 for t in times], max_stage_ms=max(times, default=float("nan")) * 1e3))
+        rows.append(
+            dict(
+                mode=mode,
+                depth=depth,
+                executor="distributed",
+                threads=1,
+                ms_per_sample=ms,
+                others_busy=busy,
+                partition=str(partition),
+                balance=list(partition.balance),
+                stage_ms=[t * 1e3 for t in times],
+                max_stage_ms=max(times, default=float("nan")) * 1e3,
+            )
+        )
         for row in rows[first:]:
-            row.update(speedup_vs_seq_1thread=base[1] / row["ms_per_sample"],
-                       speedup_vs_seq_allcores=base[cores] / row["ms_per_sample"], samples=samples, size=size,
-                       layers=layers, channels=channels, activation_bytes=activation_bytes,
-                       hop_64kb_us=hop_64kb["hop_us_median"], hop_64kb_raw_us=hop_64kb["raw_hop_us_median"],
-                       hop_activation_us=hop_activation["hop_us_median"])
+            row.update(
+                speedup_vs_seq_1thread=base[1] / row["ms_per_sample"],
+                speedup_vs_seq_allcores=base[cores] / row["ms_per_sample"],
+                samples=samples,
+                size=size,
+                layers=layers,
+                channels=channels,
+                activation_bytes=activation_bytes,
+                hop_64kb_us=hop_64kb["hop_us_median"],
+                hop_64kb_raw_us=hop_64kb["raw_hop_us_median"],
+                hop_activation_us=hop_activation["hop_us_median"],
+            )
     return rows if rank == 0 else None

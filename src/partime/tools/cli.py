@@ -46,8 +46,16 @@ def _console() -> Console:
 def progress_bar(console: Console) -> Progress:
     """The progress display every command shows while it runs."""
     # A slow refresh: the display shares the cores with the stages it reports on.
-    return Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                    TimeElapsedColumn(), console=console, transient=True, refresh_per_second=2)
+    return Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+        refresh_per_second=2,
+    )
 
 
 @click.group()
@@ -56,20 +64,44 @@ def main() -> None:
 
 
 @main.command()
-@click.option("--executor", type=click.Choice(EXECUTORS), default="process", show_default=True,
-              help="How the pipeline's stages run.")
-@click.option("--samples", type=click.IntRange(min=5), default=300, show_default=True,
-              help="Samples timed per configuration (after a warm-up of 20).")
-@click.option("--depths", default="1,2,3,4", show_default=True, callback=_depths,
-              help="Pipeline depths D to time, comma-separated.")
+@click.option(
+    "--executor",
+    type=click.Choice(EXECUTORS),
+    default="process",
+    show_default=True,
+    help="How the pipeline's stages run.",
+)
+@click.option(
+    "--samples",
+    type=click.IntRange(min=5),
+    default=300,
+    show_default=True,
+    help="Samples timed per configuration (after a warm-up of 20).",
+)
+@click.option(
+    "--depths",
+    default="1,2,3,4",
+    show_default=True,
+    callback=_depths,
+    help="Pipeline depths D to time, comma-separated.",
+)
 @click.option("--size", type=click.IntRange(min=1), default=32, show_default=True, help="Frame height and width.")
-@click.option("--layers", type=click.IntRange(min=1), default=None,
-              help="Convolution blocks after the stem.  [default: 12; 16 with the distributed executor, for "
-                   "stages of about 4 ms at D = 2, the size at which its sends between ranks pay off]")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path),
-              help="Also write the rows to this JSON file.")
-def bench(executor: str, samples: int, depths: tuple[int, ...], size: int, layers: int | None,
-          json_path: Path | None) -> None:
+@click.option(
+    "--layers",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Convolution blocks after the stem.  [default: 12; 16 with the distributed executor, for "
+    "stages of about 4 ms at D = 2, the size at which its sends between ranks pay off]",
+)
+@click.option(
+    "--json",
+    "json_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Also write the rows to this JSON file.",
+)
+def bench(
+    executor: str, samples: int, depths: tuple[int, ...], size: int, layers: int | None, json_path: Path | None
+) -> None:
     """Time streaming inference and online learning, sequential against pipelined."""
     from .bench import MODES, run_bench
 
@@ -77,8 +109,9 @@ def bench(executor: str, samples: int, depths: tuple[int, ...], size: int, layer
         layers = DISTRIBUTED_LAYERS if executor == "distributed" else 12
 
     if max(depths) > layers + 1:
-        raise click.BadParameter(f"the model has {layers + 1} layers: depths go up to {layers + 1}, got {max(depths)}",
-                                 param_hint="--depths")
+        raise click.BadParameter(
+            f"the model has {layers + 1} layers: depths go up to {layers + 1}, got {max(depths)}", param_hint="--depths"
+        )
     if executor == "distributed":
         return _bench_distributed(samples, size, layers, json_path)
     console = _console()
@@ -106,21 +139,31 @@ def _bench_distributed(samples: int, size: int, layers: int, json_path: Path | N
         _print_bench(_console(), rows, size, layers, samples, json_path)
 
 
-def _print_bench(console: Console, rows: list[dict], size: int, layers: int, samples: int,
-                 json_path: Path | None) -> None:
+def _print_bench(
+    console: Console, rows: list[dict], size: int, layers: int, samples: int, json_path: Path | None
+) -> None:
     console.print(bench_table(rows))
     first = rows[0]
-    console.print(f"hop cost (median, one put + get between processes): 64 KB {first['hop_64kb_us']:.1f} µs, "
-                  f"one activation ({first['activation_bytes'] // 1024} KB) {first['hop_activation_us']:.1f} µs"
-                  + ("" if first.get("hop_64kb_raw_us") is None else f"; 64 KB by a bare gloo send/recv "
-                                                                         f"{first['hop_64kb_raw_us']:.1f} µs")
-                  + ("" if first.get("hop_others_busy") is None else f" (others {first['hop_others_busy']:.0%})"))
-    console.print(f"{os.cpu_count()} cores; batch-1 frames 3x{size}x{size}; a stem and {layers} blocks of 5x5 conv "
-                  f"(32 channels) + ReLU; median over 5 blocks of {samples} samples")
+    console.print(
+        f"hop cost (median, one put + get between processes): 64 KB {first['hop_64kb_us']:.1f} µs, "
+        f"one activation ({first['activation_bytes'] // 1024} KB) {first['hop_activation_us']:.1f} µs"
+        + (
+            ""
+            if first.get("hop_64kb_raw_us") is None
+            else f"; 64 KB by a bare gloo send/recv {first['hop_64kb_raw_us']:.1f} µs"
+        )
+        + ("" if first.get("hop_others_busy") is None else f" (others {first['hop_others_busy']:.0%})")
+    )
+    console.print(
+        f"{os.cpu_count()} cores; batch-1 frames 3x{size}x{size}; a stem and {layers} blocks of 5x5 conv "
+        f"(32 channels) + ReLU; median over 5 blocks of {samples} samples"
+    )
     busy = max([first.get("hop_others_busy") or 0.0] + [row["others_busy"] or 0.0 for row in rows])
     if busy > 0.1:
-        console.print(f"[yellow]other processes kept up to {busy:.0%} of the CPUs busy (column 'others'): "
-                      "the rows where they did are skewed; run the bench again on a quiet machine")
+        console.print(
+            f"[yellow]other processes kept up to {busy:.0%} of the CPUs busy (column 'others'): "
+            "the rows where they did are skewed; run the bench again on a quiet machine"
+        )
     if json_path is not None:
         json_path.write_text(json.dumps(rows, indent=2) + "\n")
         console.print(f"rows written to {json_path}")
@@ -130,14 +173,23 @@ def bench_table(rows: list[dict]) -> Table:
     """The rows of ``run_bench`` as a table."""
     table = Table(title="partime bench: median time per sample")
     for name in ("mode", "run", "ms/sample", "× seq 1 thr", "× seq all cores", "max stage ms", "others", "partition"):
-        table.add_column(name, justify="left" if name in ("mode", "run", "partition") else "right",
-                         no_wrap=name != "partition")
+        table.add_column(
+            name, justify="left" if name in ("mode", "run", "partition") else "right", no_wrap=name != "partition"
+        )
     for row in rows:
         run = row["executor"] if row["depth"] == 0 else f"D={row['depth']} {row['executor']}"
         stage = f"{row['max_stage_ms']:.2f}" if row.get("max_stage_ms") is not None else ""
         others = "?" if row["others_busy"] is None else f"{row['others_busy']:.0%}"
-        table.add_row(row["mode"], run, f"{row['ms_per_sample']:.2f}", f"{row['speedup_vs_seq_1thread']:.2f}",
-                      f"{row['speedup_vs_seq_allcores']:.2f}", stage, others, row.get("partition", ""))
+        table.add_row(
+            row["mode"],
+            run,
+            f"{row['ms_per_sample']:.2f}",
+            f"{row['speedup_vs_seq_1thread']:.2f}",
+            f"{row['speedup_vs_seq_allcores']:.2f}",
+            stage,
+            others,
+            row.get("partition", ""),
+        )
     return table
 
 
@@ -150,23 +202,63 @@ def _names(value: str, choices: tuple[str, ...], option: str) -> tuple[str, ...]
 
 
 @main.command()
-@click.option("--frames", type=click.IntRange(min=10), default=3000, show_default=True,
-              help="Samples per run (each a batch of 4 frames).")
+@click.option(
+    "--frames",
+    type=click.IntRange(min=10),
+    default=3000,
+    show_default=True,
+    help="Samples per run (each a batch of 4 frames).",
+)
 @click.option("--seeds", type=click.IntRange(min=1), default=2, show_default=True, help="Seeds per configuration.")
 @click.option("--depths", default="2,4,8", show_default=True, callback=_depths, help="Pipeline depths D.")
-@click.option("--streams", "stream_names", default="digits,shuffled,camera", show_default=True,
-              help="Streams, comma-separated: digits, shuffled, camera.")
-@click.option("--optimizer", "optimizer_names", default="sgd,momentum,adam", show_default=True,
-              help="Optimizers, comma-separated: sgd, momentum (0.9), adam. Each learns at the step size of its "
-                   "grid that suits sequential learning of each stream best (seed 0).")
-@click.option("--jobs", type=click.IntRange(min=1), default=os.cpu_count() or 1, show_default=True,
-              help="Runs at once (each on one core).")
-@click.option("--cut", "how", type=click.Choice(["planned", "even"]), default="planned", show_default=True,
-              help="planned: as a learning Pipeline(balance=D) cuts the model; even: as many layers in each stage.")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("fidelity"),
-              show_default=True, help="Where to write fidelity.json, fidelity.md and fidelity.png.")
-def fidelity(frames: int, seeds: int, depths: tuple[int, ...], stream_names: str, optimizer_names: str, jobs: int,
-             how: str, out_dir: Path) -> None:
+@click.option(
+    "--streams",
+    "stream_names",
+    default="digits,shuffled,camera",
+    show_default=True,
+    help="Streams, comma-separated: digits, shuffled, camera.",
+)
+@click.option(
+    "--optimizer",
+    "optimizer_names",
+    default="sgd,momentum,adam",
+    show_default=True,
+    help="Optimizers, comma-separated: sgd, momentum (0.9), adam. Each learns at the step size of its "
+    "grid that suits sequential learning of each stream best (seed 0).",
+)
+@click.option(
+    "--jobs",
+    type=click.IntRange(min=1),
+    default=os.cpu_count() or 1,
+    show_default=True,
+    help="Runs at once (each on one core).",
+)
+@click.option(
+    "--cut",
+    "how",
+    type=click.Choice(["planned", "even"]),
+    default="planned",
+    show_default=True,
+    help="planned: as a learning Pipeline(balance=D) cuts the model; even: as many layers in each stage.",
+)
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("fidelity"),
+    show_default=True,
+    help="Where to write fidelity.json, fidelity.md and fidelity.png.",
+)
+def fidelity(
+    frames: int,
+    seeds: int,
+    depths: tuple[int, ...],
+    stream_names: str,
+    optimizer_names: str,
+    jobs: int,
+    how: str,
+    out_dir: Path,
+) -> None:
     """Measure what learning with delay costs: sequential against D-stage pipelines, test-then-train."""
     from . import fidelity as fid
 
@@ -174,9 +266,13 @@ def fidelity(frames: int, seeds: int, depths: tuple[int, ...], stream_names: str
     optimizers = _names(optimizer_names, fid.OPTIMIZERS, "--optimizer")
     console = _console()
     with progress_bar(console) as bar:
+
         def report(task: TaskID) -> Callable[[dict], None]:
-            return lambda row: bar.update(task, advance=1, description=(
-                f"{row['optimizer']} lr {row['lr']:g}: {row['stream']} {row['label']} seed {row['seed']}"))
+            return lambda row: bar.update(
+                task,
+                advance=1,
+                description=(f"{row['optimizer']} lr {row['lr']:g}: {row['stream']} {row['label']} seed {row['seed']}"),
+            )
 
         tuning = fid.tuning_configs(names, optimizers)
         tuned = fid.run_all(tuning, frames, jobs=jobs, progress=report(bar.add_task("step sizes", total=len(tuning))))
@@ -184,18 +280,35 @@ def fidelity(frames: int, seeds: int, depths: tuple[int, ...], stream_names: str
         rows = fid.run_all(configs, frames, jobs=jobs, progress=report(bar.add_task("learning", total=len(configs))))
     paths = fid.write(rows, out_dir, tuning=tuned)
     console.print(paths["markdown"].read_text())
-    console.print(f"{len(tuned)} + {len(rows)} runs of {frames} samples; written: "
-                  + ", ".join(str(p) for p in paths.values()))
+    console.print(
+        f"{len(tuned)} + {len(rows)} runs of {frames} samples; written: " + ", ".join(str(p) for p in paths.values())
+    )
 
 
 @main.command()
-@click.option("--inference-samples", type=click.IntRange(min=10), default=100_000, show_default=True,
-              help="Samples streamed for inference.")
-@click.option("--learning-samples", type=click.IntRange(min=10), default=20_000, show_default=True,
-              help="Samples streamed for online learning.")
+@click.option(
+    "--inference-samples",
+    type=click.IntRange(min=10),
+    default=100_000,
+    show_default=True,
+    help="Samples streamed for inference.",
+)
+@click.option(
+    "--learning-samples",
+    type=click.IntRange(min=10),
+    default=20_000,
+    show_default=True,
+    help="Samples streamed for online learning.",
+)
 @click.option("--depth", type=click.IntRange(min=1, max=4), default=2, show_default=True, help="Pipeline depth D.")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("soak"),
-              show_default=True, help="Where to write soak.json and soak.png.")
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("soak"),
+    show_default=True,
+    help="Where to write soak.json and soak.png.",
+)
 def soak(inference_samples: int, learning_samples: int, depth: int, out_dir: Path) -> None:
     """Stream a long stream and record every process's resident memory: it must stay flat."""
     from .soak import plot, run_soak
@@ -203,6 +316,7 @@ def soak(inference_samples: int, learning_samples: int, depth: int, out_dir: Pat
     console = _console()
     runs = []
     with progress_bar(console) as bar:
+
         def report(task: TaskID) -> Callable[[int], None]:
             return lambda done: bar.update(task, completed=done)
 
@@ -216,11 +330,19 @@ def soak(inference_samples: int, learning_samples: int, depth: int, out_dir: Pat
         table.add_column(name, justify="left" if name in ("mode", "process") else "right")
     for run in runs:
         for process, row in run["summary"].items():
-            table.add_row(run["mode"], f"{run['samples']:,}", process, f"{row['start_mb']:.1f}",
-                          f"{row['end_mb']:.1f}", f"{row['growth_mb']:.1f}")
+            table.add_row(
+                run["mode"],
+                f"{run['samples']:,}",
+                process,
+                f"{row['start_mb']:.1f}",
+                f"{row['end_mb']:.1f}",
+                f"{row['growth_mb']:.1f}",
+            )
     console.print(table)
-    console.print(f"samples of {runs[0]['sample_bytes'] // 1024} KB; warm-up: the first 20% of each stream; "
-                  f"written: {out_dir / 'soak.json'}, {out_dir / 'soak.png'}")
+    console.print(
+        f"samples of {runs[0]['sample_bytes'] // 1024} KB; warm-up: the first 20% of each stream; "
+        f"written: {out_dir / 'soak.json'}, {out_dir / 'soak.png'}"
+    )
 
 
 @main.command()

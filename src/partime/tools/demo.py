@@ -89,8 +89,15 @@ def run_demo(
     torch.set_num_threads(1)
     try:
         # A slow refresh: the display shares the two cores with the stages it reports on.
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      console=console, transient=True, refresh_per_second=2) as bar:
+        with Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=console,
+            transient=True,
+            refresh_per_second=2,
+        ) as bar:
             # other processes on the machine skew the timings: the figures say how much ran
             clocks = cpu_clocks()
             figures = _inference(bar, samples, layers, seed)
@@ -126,9 +133,14 @@ def _inference(bar: Progress, n: int, layers: int, seed: int) -> dict[str, Any]:
             match = match and torch.equal(output, expected[result.index])
             bar.advance(task)
     pipelined = median_ms(stamps[: -DEPTH - 1], WARMUP, 5)  # the last results come out of a flush
-    return dict(outputs_match=match, inference_samples=n, inference_partition=str(pipe.partition),
-                inference_ms_sequential=sequential, inference_ms_pipeline=pipelined,
-                inference_speedup=sequential / pipelined)
+    return dict(
+        outputs_match=match,
+        inference_samples=n,
+        inference_partition=str(pipe.partition),
+        inference_ms_sequential=sequential,
+        inference_ms_pipeline=pipelined,
+        inference_speedup=sequential / pipelined,
+    )
 
 
 def _learning(bar: Progress, n: int, baseline: int, heldout: int, layers: int, seed: int) -> dict[str, Any]:
@@ -156,27 +168,36 @@ def _learning(bar: Progress, n: int, baseline: int, heldout: int, layers: int, s
     task = bar.add_task(f"learning, pipeline D={DEPTH}", total=n)
     metrics = OnlineMetrics(window=WINDOW)
     stamps = []
-    with Pipeline(copy.deepcopy(model), DEPTH, executor="process", loss_fn=loss_fn, optimizer=optimizer,
-                  sample=xs[0], threads=1) as pipe:
+    with Pipeline(
+        copy.deepcopy(model), DEPTH, executor="process", loss_fn=loss_fn, optimizer=optimizer, sample=xs[0], threads=1
+    ) as pipe:
         for result in pipe.stream(iter(xs), iter(ys)):
             stamps.append(time.perf_counter())
             output = cast(Tensor, result.output)  # never skipped (nonfinite="raise"): the model's output
             metrics.update(output, ys[result.index], result.loss)  # scored before its own step
-            bar.update(task, advance=1, description=f"learning, pipeline D={DEPTH}: "
-                       f"rolling accuracy {metrics.rolling_accuracy:.2f}")
+            bar.update(
+                task,
+                advance=1,
+                description=f"learning, pipeline D={DEPTH}: rolling accuracy {metrics.rolling_accuracy:.2f}",
+            )
         trained = pipe.module
     pipelined = median_ms(stamps[: -DEPTH - 1], WARMUP, 5)
     history = metrics.history()["rolling_accuracy"]
     test = list(streams.shuffled_digits(heldout, seed=seed + 1, hold=HOLD, batch=BATCH))
     test_x, test_y = torch.stack([x for x, _ in test]), torch.stack([y for _, y in test])
-    return dict(learn_samples=n, learning_partition=str(pipe.partition),
-                learning_ms_sequential=sequential, learning_ms_pipeline=pipelined,
-                learning_speedup=sequential / pipelined,
-                rolling_accuracy=metrics.rolling_accuracy, stream_accuracy=metrics.accuracy,
-                first_window_accuracy=history[min(WINDOW, n) - 1],
-                window_accuracies=[history[k] for k in range(WINDOW - 1, n, WINDOW)],
-                heldout_accuracy_before=_accuracy(model, test_x, test_y),
-                heldout_accuracy_after=_accuracy(trained, test_x, test_y))
+    return dict(
+        learn_samples=n,
+        learning_partition=str(pipe.partition),
+        learning_ms_sequential=sequential,
+        learning_ms_pipeline=pipelined,
+        learning_speedup=sequential / pipelined,
+        rolling_accuracy=metrics.rolling_accuracy,
+        stream_accuracy=metrics.accuracy,
+        first_window_accuracy=history[min(WINDOW, n) - 1],
+        window_accuracies=[history[k] for k in range(WINDOW - 1, n, WINDOW)],
+        heldout_accuracy_before=_accuracy(model, test_x, test_y),
+        heldout_accuracy_after=_accuracy(trained, test_x, test_y),
+    )
 
 
 def _accuracy(model: nn.Module, xs: Tensor, ys: Tensor) -> float:
@@ -185,25 +206,39 @@ def _accuracy(model: nn.Module, xs: Tensor, ys: Tensor) -> float:
 
 
 def _summary(f: dict[str, Any]) -> Table:
-    table = Table(title=f"partime demo: a generated video through {DEPTH} stages ({f['wall_s']:.0f} s)",
-                  show_header=False)
+    table = Table(
+        title=f"partime demo: a generated video through {DEPTH} stages ({f['wall_s']:.0f} s)", show_header=False
+    )
     table.add_column(style="bold")
     table.add_column()
     table.add_row("inference", f"{f['inference_samples']} frames, {f['inference_partition']}")
     table.add_row("  outputs equal the plain model's", "yes" if f["outputs_match"] else "NO")
-    table.add_row("  ms per frame", f"{f['inference_ms_sequential']:.2f} sequential, "
-                  f"{f['inference_ms_pipeline']:.2f} pipelined: {f['inference_speedup']:.2f}x"
-                  + _skewed(f["inference_others_busy"]))
-    table.add_row("online learning", f"{f['learn_samples']} samples of moving digits ({BATCH} streams, each "
-                  f"digit held {HOLD} frames); {f['learning_partition']}")
-    table.add_row("  ms per frame", f"{f['learning_ms_sequential']:.2f} sequential, "
-                  f"{f['learning_ms_pipeline']:.2f} pipelined: {f['learning_speedup']:.2f}x"
-                  + _skewed(f["learning_others_busy"]))
-    table.add_row("  accuracy, test-then-train", f"first {WINDOW}: {f['first_window_accuracy']:.2f}, "
-                  f"last {WINDOW}: {f['rolling_accuracy']:.2f}, whole stream: {f['stream_accuracy']:.2f}")
+    table.add_row(
+        "  ms per frame",
+        f"{f['inference_ms_sequential']:.2f} sequential, "
+        f"{f['inference_ms_pipeline']:.2f} pipelined: {f['inference_speedup']:.2f}x"
+        + _skewed(f["inference_others_busy"]),
+    )
+    table.add_row(
+        "online learning",
+        f"{f['learn_samples']} samples of moving digits ({BATCH} streams, each "
+        f"digit held {HOLD} frames); {f['learning_partition']}",
+    )
+    table.add_row(
+        "  ms per frame",
+        f"{f['learning_ms_sequential']:.2f} sequential, "
+        f"{f['learning_ms_pipeline']:.2f} pipelined: {f['learning_speedup']:.2f}x" + _skewed(f["learning_others_busy"]),
+    )
+    table.add_row(
+        "  accuracy, test-then-train",
+        f"first {WINDOW}: {f['first_window_accuracy']:.2f}, "
+        f"last {WINDOW}: {f['rolling_accuracy']:.2f}, whole stream: {f['stream_accuracy']:.2f}",
+    )
     table.add_row(f"  by {WINDOW} frames", " ".join(f"{a:.2f}" for a in f["window_accuracies"]))
-    table.add_row("  held-out digits (another seed, shuffled)", f"{f['heldout_accuracy_before']:.2f} before, "
-                  f"{f['heldout_accuracy_after']:.2f} after")
+    table.add_row(
+        "  held-out digits (another seed, shuffled)",
+        f"{f['heldout_accuracy_before']:.2f} before, {f['heldout_accuracy_after']:.2f} after",
+    )
     return table
 
 

@@ -53,8 +53,11 @@ STREAMS = ("digits", "shuffled", "camera")
 GRAD_MODES = ("partime", "stash", "weight-stash")
 HOLD, BATCH = 10, 4  # digits: each digit held 10 frames; 4 independent streams per sample
 OPTIMIZERS = ("sgd", "momentum", "adam")
-LR_GRID = {"sgd": (0.03, 0.1, 0.3, 1.0, 3.0), "momentum": (0.003, 0.01, 0.03, 0.1, 0.3),
-           "adam": (3e-4, 1e-3, 3e-3, 1e-2)}
+LR_GRID = {
+    "sgd": (0.03, 0.1, 0.3, 1.0, 3.0),
+    "momentum": (0.003, 0.01, 0.03, 0.1, 0.3),
+    "adam": (3e-4, 1e-3, 3e-3, 1e-2),
+}
 """The step sizes tried for sequential learning; each stream and optimizer learns with its best."""
 TUNING_SEED = 0
 """The seed whose sequential runs choose the step size."""
@@ -63,9 +66,18 @@ DIGITS_LR = 0.07  # plain SGD's best step size for sequential learning of moving
 # the default, compensation="auto", chooses for the optimizer. The optimizer-aware options need the
 # optimizer's momentum (plain SGD has none, and its prediction is its weights), and with a
 # prediction both stash modes compute the same (the predicted weights are stashed).
-COMPENSATIONS = {"partime": ("",), "weight-stash": ("", "delay-correction"),
-                 "stash": ("", "delay-correction", "step-scale", "optimizer-prediction",
-                           "optimizer-prediction+long-momentum", "spike")}
+COMPENSATIONS = {
+    "partime": ("",),
+    "weight-stash": ("", "delay-correction"),
+    "stash": (
+        "",
+        "delay-correction",
+        "step-scale",
+        "optimizer-prediction",
+        "optimizer-prediction+long-momentum",
+        "spike",
+    ),
+}
 CUTS = ("planned", "even")
 
 
@@ -77,8 +89,11 @@ def automatic(optimizer: str) -> str:
 def compensations(grad_mode: str, optimizer: str) -> tuple[str, ...]:
     """The compensations measured with ``grad_mode`` under ``optimizer`` (with ``stash``, the
     default's choice among them)."""
-    names = [c for c in COMPENSATIONS[grad_mode]
-             if optimizer != "sgd" or not any(option in lookahead.OPTIONS for option in c.split("+"))]
+    names = [
+        c
+        for c in COMPENSATIONS[grad_mode]
+        if optimizer != "sgd" or not any(option in lookahead.OPTIONS for option in c.split("+"))
+    ]
     if grad_mode == "stash":
         names.append(automatic(optimizer))
     return tuple(dict.fromkeys(names))
@@ -124,16 +139,31 @@ def next_frame_error(output: tuple[Tensor, Tensor]) -> Tensor:
 def digits_model() -> nn.Sequential:
     """A small CNN for 24 × 24 digits, ten top-level layers."""
     return nn.Sequential(
-        nn.Conv2d(1, 16, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Flatten(), nn.Linear(32 * 6 * 6, 64), nn.ReLU(), nn.Linear(64, 10),
+        nn.Conv2d(1, 16, 5, padding=2),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(16, 32, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(32 * 6 * 6, 64),
+        nn.ReLU(),
+        nn.Linear(64, 10),
     )
 
 
 def camera_model() -> nn.Sequential:
     """A small convolutional next-frame predictor for 3 × 16 × 16 frames, eight layers."""
-    layers = [nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 16, 3, padding=1), nn.ReLU(),
-              nn.Conv2d(16, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 3, 3, padding=1), nn.Sigmoid()]
+    layers = [
+        nn.Conv2d(3, 16, 3, padding=1),
+        nn.ReLU(),
+        nn.Conv2d(16, 16, 3, padding=1),
+        nn.ReLU(),
+        nn.Conv2d(16, 16, 3, padding=1),
+        nn.ReLU(),
+        nn.Conv2d(16, 3, 3, padding=1),
+        nn.Sigmoid(),
+    ]
     return nn.Sequential(*(Carry(layer) for layer in layers))
 
 
@@ -171,9 +201,15 @@ def run(config: Config, frames: int) -> dict[str, Any]:
     late_from = frames - late_frames
     diverged_at = None
     balance = list(config.balance) if config.balance else even_balance(len(model), config.depth)
-    with Pipeline(model, balance, executor="inline", loss_fn=loss_fn,
-                  optimizer=optimizer, grad_mode=config.grad_mode,
-                  compensation=tuple(config.compensation.split("+")) if config.compensation else ()) as pipe:
+    with Pipeline(
+        model,
+        balance,
+        executor="inline",
+        loss_fn=loss_fn,
+        optimizer=optimizer,
+        grad_mode=config.grad_mode,
+        compensation=tuple(config.compensation.split("+")) if config.compensation else (),
+    ) as pipe:
         try:
             for result in pipe.stream(xs, ys):
                 # test-then-train: the output was computed before this sample's gradient was applied
@@ -194,10 +230,18 @@ def run(config: Config, frames: int) -> dict[str, Any]:
         if late_frames:  # under 4 frames there is no last quarter
             late_accuracy = _share_correct(late, late_frames)
     diverged = diverged_at is not None
-    return dict(asdict(config), balance=balance, label=config.label, frames=frames, accuracy=accuracy,
-                loss=None if diverged else metrics.loss, late_accuracy=late_accuracy,
-                late_loss=None if diverged or not late.count else late.loss, diverged_at=diverged_at,
-                history=history[:: max(1, len(history) // 200)])
+    return dict(
+        asdict(config),
+        balance=balance,
+        label=config.label,
+        frames=frames,
+        accuracy=accuracy,
+        loss=None if diverged else metrics.loss,
+        late_accuracy=late_accuracy,
+        late_loss=None if diverged or not late.count else late.loss,
+        diverged_at=diverged_at,
+        history=history[:: max(1, len(history) // 200)],
+    )
 
 
 def optimizer_factory(name: str, lr: float) -> Callable[[Any], torch.optim.Optimizer]:
@@ -246,8 +290,12 @@ StepSizes = dict[tuple[str, str], float]
 
 def tuning_configs(stream_names: Sequence[str], optimizers: Sequence[str]) -> list[Config]:
     """Sequential learning of each stream with each optimizer at every step size of its grid."""
-    return [Config(stream, 1, seed=TUNING_SEED, optimizer=opt, lr=lr)
-            for stream in stream_names for opt in optimizers for lr in LR_GRID[opt]]
+    return [
+        Config(stream, 1, seed=TUNING_SEED, optimizer=opt, lr=lr)
+        for stream in stream_names
+        for opt in optimizers
+        for lr in LR_GRID[opt]
+    ]
 
 
 def best_step_sizes(rows: Sequence[dict[str, Any]]) -> StepSizes:
@@ -265,8 +313,13 @@ def best_step_sizes(rows: Sequence[dict[str, Any]]) -> StepSizes:
     return {key: lr for key, (_, lr) in best.items()}
 
 
-def configs(stream_names: Sequence[str], depths: Sequence[int], seeds: int, how: str = "planned",
-            step_sizes: StepSizes | None = None) -> list[Config]:
+def configs(
+    stream_names: Sequence[str],
+    depths: Sequence[int],
+    seeds: int,
+    how: str = "planned",
+    step_sizes: StepSizes | None = None,
+) -> list[Config]:
     """Sequential, and every grad mode and its compensations at each depth, for each seed and
     each optimizer of ``step_sizes`` (default: plain SGD at ``DIGITS_LR``); every run of one model
     at one depth cut the same way (``cut``): the shuffled control as moving digits."""
@@ -283,8 +336,9 @@ def configs(stream_names: Sequence[str], depths: Sequence[int], seeds: int, how:
     return out
 
 
-def run_all(cfgs: Sequence[Config], frames: int, jobs: int = 1,
-            progress: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+def run_all(
+    cfgs: Sequence[Config], frames: int, jobs: int = 1, progress: Callable[[dict[str, Any]], None] | None = None
+) -> list[dict[str, Any]]:
     """Every run, ``jobs`` at a time in worker processes; rows in the order of ``cfgs``."""
     rows: list[dict[str, Any]] = []
     if jobs <= 1:
@@ -318,15 +372,28 @@ def summarise(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     for (opt, stream, label), group in groups.items():
         key = "loss" if stream == "camera" else "accuracy"
         values = [r[key] for r in group]
-        lines.append(dict(optimizer=opt, lr=group[0].get("lr"), stream=stream, label=label, depth=group[0]["depth"],
-                          balance=group[0].get("balance"),
-                          metric=key, value=_mean_or_none(values),
-                          spread=None if None in values else statistics.pstdev(values),
-                          late_value=_mean_or_none([r.get(f"late_{key}") for r in group]),
-                          seeds=len(group), diverged=sum(r.get("diverged_at") is not None for r in group)))
+        lines.append(
+            dict(
+                optimizer=opt,
+                lr=group[0].get("lr"),
+                stream=stream,
+                label=label,
+                depth=group[0]["depth"],
+                balance=group[0].get("balance"),
+                metric=key,
+                value=_mean_or_none(values),
+                spread=None if None in values else statistics.pstdev(values),
+                late_value=_mean_or_none([r.get(f"late_{key}") for r in group]),
+                seeds=len(group),
+                diverged=sum(r.get("diverged_at") is not None for r in group),
+            )
+        )
     for line in lines:
-        base = next(x for x in lines if x["stream"] == line["stream"] and x["optimizer"] == line["optimizer"]
-                    and x["depth"] == 1)
+        base = next(
+            x
+            for x in lines
+            if x["stream"] == line["stream"] and x["optimizer"] == line["optimizer"] and x["depth"] == 1
+        )
         line["gap"] = _gap(line["value"], base["value"], line["metric"])
         line["late_gap"] = _gap(line["late_value"], base["late_value"], line["metric"])
     return lines
@@ -359,8 +426,10 @@ def headline(lines: Sequence[dict[str, Any]]) -> str:
     """For each optimizer and depth, the gap of the best configuration of each stream (and which
     it is) and the gap of the default, as a Markdown table."""
     stream_names = list(dict.fromkeys(line["stream"] for line in lines))
-    out = ["| optimizer | D | " + " | ".join(f"{s}: best | {s}: default" for s in stream_names) + " |",
-           "|---|---|" + "---|---|" * len(stream_names)]
+    out = [
+        "| optimizer | D | " + " | ".join(f"{s}: best | {s}: default" for s in stream_names) + " |",
+        "|---|---|" + "---|---|" * len(stream_names),
+    ]
     keys = dict.fromkeys((line["optimizer"], line["depth"]) for line in lines if line["depth"] > 1)
     for opt, depth in keys:
         cells = []
@@ -389,8 +458,10 @@ def markdown(lines: Sequence[dict[str, Any]]) -> str:
     optimizers = list(dict.fromkeys(line["optimizer"] for line in lines))
     if len(optimizers) == 1:
         return _table(lines)
-    blocks = ["Gap to sequential at each depth: the best configuration, and the default "
-              "(`stash`, `compensation=\"auto\"`).\n\n" + headline(lines)]
+    blocks = [
+        "Gap to sequential at each depth: the best configuration, and the default "
+        '(`stash`, `compensation="auto"`).\n\n' + headline(lines)
+    ]
     for opt in optimizers:
         mine = [line for line in lines if line["optimizer"] == opt]
         lrs = ", ".join(f"{line['stream']} {line['lr']:g}" for line in mine if line["depth"] == 1)
@@ -403,10 +474,15 @@ def _table(lines: Sequence[dict[str, Any]]) -> str:
     stream_names = list(dict.fromkeys(line["stream"] for line in lines))
     labels = list(dict.fromkeys(line["label"] for line in lines))
     cell = {(line["stream"], line["label"]): line for line in lines}
-    heads = {"digits": "moving digits: accuracy (gap, pp)", "shuffled": "shuffled digits: accuracy (gap, pp)",
-             "camera": "panning camera: next-frame MSE (gap, %)"}
-    out = ["| configuration | " + " | ".join(heads[s] for s in stream_names) + " |",
-           "|---|" + "---|" * len(stream_names)]
+    heads = {
+        "digits": "moving digits: accuracy (gap, pp)",
+        "shuffled": "shuffled digits: accuracy (gap, pp)",
+        "camera": "panning camera: next-frame MSE (gap, %)",
+    }
+    out = [
+        "| configuration | " + " | ".join(heads[s] for s in stream_names) + " |",
+        "|---|" + "---|" * len(stream_names),
+    ]
     depths = {line["label"]: line["depth"] for line in lines}
     optimizer = lines[0]["optimizer"]
     for label in labels:
@@ -426,7 +502,7 @@ def _table(lines: Sequence[dict[str, Any]]) -> str:
                 cells.append(f"{line['value']:.5f} ({line['gap']:+.1f}%{_late(line, '%')}{note})")
         out.append(f"| {label}{mark} | " + " | ".join(cells) + " |")
     if any(line.get("late_gap") is not None and line["depth"] > 1 for line in lines):
-        out += ["", "In brackets: the gap to sequential over the whole stream; after \"end\", over its last quarter."]
+        out += ["", 'In brackets: the gap to sequential over the whole stream; after "end", over its last quarter.']
     cuts = {(line["stream"], line["depth"]): line["balance"] for line in lines if line["depth"] > 1 and line["balance"]}
     if cuts:
         out += ["", "Layers per stage: " + "; ".join(f"{s} D={d} {list(b)}" for (s, d), b in cuts.items()) + "."]
@@ -441,10 +517,18 @@ def _late(line: dict[str, Any], unit: str) -> str:
 
 
 MODE_COLOURS = {"partime": "tab:red", "stash": "tab:blue", "weight-stash": "tab:green"}
-COMPENSATION_LINES = {"": "-", "lr-scale": "--", "weight-prediction": ":", "delay-correction": "-.",
-                      "optimizer-prediction": ":", "optimizer-prediction+long-momentum": (0, (5, 1, 1, 1, 1, 1)),
-                      "spike": "--", "step-scale": (0, (1, 3)), "step-scale+delay-correction": (0, (3, 1, 1, 1)),
-                      "step-scale+optimizer-prediction+long-momentum": (0, (6, 2))}
+COMPENSATION_LINES = {
+    "": "-",
+    "lr-scale": "--",
+    "weight-prediction": ":",
+    "delay-correction": "-.",
+    "optimizer-prediction": ":",
+    "optimizer-prediction+long-momentum": (0, (5, 1, 1, 1, 1, 1)),
+    "spike": "--",
+    "step-scale": (0, (1, 3)),
+    "step-scale+delay-correction": (0, (3, 1, 1, 1)),
+    "step-scale+optimizer-prediction+long-momentum": (0, (6, 2)),
+}
 
 
 def plot(rows: Sequence[dict[str, Any]], path: Path) -> None:
@@ -458,20 +542,32 @@ def plot(rows: Sequence[dict[str, Any]], path: Path) -> None:
 
     panels = list(dict.fromkeys((r.get("optimizer", "sgd"), r["stream"]) for r in rows))
     depths = sorted({r["depth"] for r in rows if r["depth"] > 1})
-    fig, axes = plt.subplots(len(panels), len(depths), figsize=(5 * len(depths) + 2.5, 3.6 * len(panels)),
-                             squeeze=False, sharex=True, layout="constrained")
+    fig, axes = plt.subplots(
+        len(panels),
+        len(depths),
+        figsize=(5 * len(depths) + 2.5, 3.6 * len(panels)),
+        squeeze=False,
+        sharex=True,
+        layout="constrained",
+    )
     for (i, (opt, stream)), (j, depth) in itertools.product(enumerate(panels), enumerate(depths)):
         ax = axes[i][j]
         for row in rows:
-            if (row.get("optimizer", "sgd"), row["stream"]) != (opt, stream) or row["seed"] != 0 \
-                    or row["depth"] not in (1, depth):
+            if (
+                (row.get("optimizer", "sgd"), row["stream"]) != (opt, stream)
+                or row["seed"] != 0
+                or row["depth"] not in (1, depth)
+            ):
                 continue
             xs = [k * row["frames"] / len(row["history"]) for k in range(len(row["history"]))]
             if row["depth"] == 1:
                 style = dict(color="black", linewidth=2)
             else:
-                style = dict(color=MODE_COLOURS.get(row["grad_mode"]), linewidth=1,
-                             linestyle=COMPENSATION_LINES.get(row["compensation"], "-"))
+                style = dict(
+                    color=MODE_COLOURS.get(row["grad_mode"]),
+                    linewidth=1,
+                    linestyle=COMPENSATION_LINES.get(row["compensation"], "-"),
+                )
             ax.plot(xs, row["history"], label=row["label"].replace(f"D={depth} ", ""), **style)
         ax.set_title(f"{OPTIMIZER_NAMES.get(opt, opt)}: {stream}, D = {depth}", fontsize=9)
         ax.set_xlabel("sample")
@@ -486,8 +582,7 @@ def plot(rows: Sequence[dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
-def write(rows: Sequence[dict[str, Any]], out_dir: Path,
-          tuning: Sequence[dict[str, Any]] = ()) -> dict[str, Path]:
+def write(rows: Sequence[dict[str, Any]], out_dir: Path, tuning: Sequence[dict[str, Any]] = ()) -> dict[str, Path]:
     """The rows and the runs that chose the step sizes (JSON), the summary (Markdown) and the
     plot (PNG) in ``out_dir``."""
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -118,8 +118,13 @@ def run_soak(
                 if progress is not None:
                     progress(k + 1)
     return {
-        "mode": mode, "samples": samples, "depth": depth, "sample_bytes": batch * width * 4, "warmup": warm,
-        "records": records, "summary": summarise(records, warm),
+        "mode": mode,
+        "samples": samples,
+        "depth": depth,
+        "sample_bytes": batch * width * 4,
+        "warmup": warm,
+        "records": records,
+        "summary": summarise(records, warm),
     }
 
 
