@@ -1,6 +1,7 @@
 """The process executor against the inline reference."""
 
 import multiprocessing
+import threading
 
 import pytest
 import torch
@@ -32,17 +33,19 @@ def assert_same(a, b):
         assert torch.equal(p, q), name
 
 
+@pytest.mark.parametrize("executor", ["process", "thread"])
 @pytest.mark.parametrize("opt", OPTIMIZERS)
 @pytest.mark.parametrize("grad_mode", ["partime", "stash", "weight-stash"])
 @pytest.mark.parametrize("depth", [1, 2, 3])
-def test_learning_matches_inline(depth, grad_mode, opt):
+def test_learning_matches_inline(depth, grad_mode, opt, executor):
     xs, ys = classification_stream(120)
     kw = dict(loss_fn=nn.CrossEntropyLoss(), optimizer=OPTIMIZERS[opt], grad_mode=grad_mode)
     inline = run("inline", mlp(), BALANCES[depth], xs, ys, **kw)
-    process = run("process", mlp(), BALANCES[depth], xs, ys, **kw)
-    assert_same(inline, process)
+    other = run(executor, mlp(), BALANCES[depth], xs, ys, **kw)
+    assert_same(inline, other)
     # and it learnt something: the weights moved
-    assert not torch.equal(next(mlp().parameters()), next(process[1].parameters()))
+    assert not torch.equal(next(mlp().parameters()), next(other[1].parameters()))
+    assert [t.name for t in threading.enumerate() if t.name.startswith("partime")] == []
 
 
 def test_inference_equals_the_model_and_leaves_it_untouched():
