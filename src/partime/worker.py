@@ -12,13 +12,11 @@ A link is anything with ``put(kind, index, tensors=(), scalar=0.0, *, check=None
 ``get(*, check=None) -> Message`` (``transport.Channel`` is one); ``check`` is called while a
 link waits and raises to abort.
 
-The caller's ends of those links (samples and targets in, results out) are shared too: ``Feeder``
-and ``result_of``.
+The caller's ends of those links (samples and targets in, results out) are ``feeder.py``'s.
 
 For checkpoints, ``run_segment`` notes in a ``Sent`` what a stage sent its neighbours during its
-last tick (what they take at the next one: the values in transit at a tick boundary), and a
-resumed stage starts at the checkpoint's tick with those values waiting on its links
-(``resumed_links``).
+last tick (what they take at the next one: the values in transit at a tick boundary); a resumed
+stage starts at the checkpoint's tick with those values waiting on its links (``transit.py``).
 """
 
 from __future__ import annotations
@@ -26,14 +24,13 @@ from __future__ import annotations
 import traceback as tb
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from torch import Tensor
 
 from . import schedule
 from . import tick as tick_rule
-from .checkpoint import message as transit_message
 from .layout import Layout, Result
 from .stage import Stage
 from .tick import backward_half, forward_half
@@ -132,145 +129,6 @@ class SentLog(Sent):
         if tick < 0:
             return Sent()
         raise LookupError(f"tick {tick} is not among the {len(self._log)} ticks noted: {[t for t, _ in self._log]}")
-
-
-def stage_answer(stage: Stage, sent: Sent) -> dict[str, Any]:
-    """One stage's part of a checkpoint: its state and what it sent during the tick before it."""
-
-    def value(v: tuple[int, tuple[Tensor, ...] | None] | None) -> dict[str, Any] | None:
-        return None if v is None else transit_message(*v)
-
-    return {"stage": stage.state_dict(), "activation": value(sent.activation), "gradient": value(sent.gradient)}
-
-
-def executor_state(answers: list[dict[str, Any]], tick: int, targets: list[dict[str, Any]]) -> dict[str, Any]:
-    """An executor's ``state_dict`` (``executors/base.py``) from every stage's ``stage_answer``, taken
-    ``tick`` ticks into the segment (0: between two segments), and the targets in transit."""
-    transit = None
-    if tick:
-        transit = {
-            "tick": tick,
-            "acts": [None] + [a["activation"] for a in answers[:-1]],
-            "grads": [a["gradient"] for a in answers[1:]] + [None],
-            "targets": targets,
-        }
-    return {"stages": [a["stage"] for a in answers], "transit": transit}
-
-
-def stage_resume(state: dict[str, Any], i: int) -> dict[str, Any]:
-    """What stage ``i`` resumes from, out of an executor's state: for ``resume``."""
-    transit = state["transit"]
-    return {
-        "stage": state["stages"][i],
-        "tick": transit["tick"] if transit else 0,
-        "activation": transit["acts"][i] if transit else None,
-        "gradient": transit["grads"][i] if transit else None,
-    }
-
-
-def resume(stage: Stage, links: Links, state: dict[str, Any]) -> tuple[Links, int]:
-    """Make ``stage`` the one ``state`` (``stage_resume``) describes; the links and tick its first
-    ``run_segment`` starts with."""
-    stage.load_state_dict(state["stage"])
-    return resumed_links(links, state["activation"], state["gradient"]), state["tick"]
-
-
-class _Primed:
-    """A link whose ``get`` first returns ``messages``, then what ``link`` returns."""
-
-    def __init__(self, link: Any, messages: list[Message]):
-        self.link = link
-        self.messages = deque(messages)
-
-    def get(self, *, check: Callable[[], None] | None = None) -> Message:
-        return self.messages.popleft() if self.messages else self.link.get(check=check)
-
-    def put(self, *args: Any, **kwargs: Any) -> None:
-        self.link.put(*args, **kwargs)
-
-
-class Feeder:
-    """The caller's end of stage 0's input link and of the last stage's target link (or None).
-
-    It counts the samples fed in the current segment (``fed``) and remembers the targets fed that
-    the last stage has not used yet (the ``"targets"`` of a checkpoint's transit): the last stage
-    takes sample s's target in the tick that sends out sample s's result, so a target is used once
-    its result has come out (``used``).
-    """
-
-    def __init__(self, inputs: Any, targets: Any | None, depth: int):
-        self.inputs, self.targets, self.depth = inputs, targets, depth
-        self.fed = 0
-        self._unused: deque[dict[str, Any]] = deque()
-
-    def resume(self, transit: dict[str, Any] | None, check: Callable[[], None]) -> None:
-        """Go on from a checkpoint's ``transit`` (None: between two segments): its count of samples
-        fed, and its targets not used yet, sent again."""
-        if transit is not None:
-            self.fed = transit["tick"]
-            for target in transit["targets"]:
-                self.target(target["sample"], tuple(target["tensors"]), check)
-
-    def feed(self, index: int, x: Any, y: Any, check: Callable[[], None]) -> None:
-        """Send sample ``index`` and its target; ``x`` None is a skipped sample: a hole, sent without a target."""
-        if x is None:
-            self.inputs.put(KIND_SKIP, index, check=check)
-        else:
-            self.inputs.put(KIND_DATA, index, as_tensors(x, "sample"), check=check)
-            if self.targets is not None:
-                self.target(index, as_tensors(y, "target"), check)
-        self.fed += 1
-
-    def used(self, index: int) -> None:
-        """The result of sample ``index`` has come out: its target, and those before, are used."""
-        while self._unused and self._unused[0]["sample"] <= index:
-            self._unused.popleft()
-
-    def target(self, index: int, tensors: tuple[Tensor, ...], check: Callable[[], None]) -> None:
-        """Send sample ``index``'s target (also: a checkpoint's targets in transit, when resuming)."""
-        if self.targets is None:
-            raise ValueError(f"sample {index} has a target, but the last stage takes none")
-        self.targets.put(KIND_DATA, index, tensors, check=check)
-        if self.depth > 1:  # with one stage, a target is used in the tick it is fed
-            self._unused.append(transit_message(index, tensors))
-
-    def end(self, check: Callable[[], None]) -> int:
-        """End the segment; the number of samples it had."""
-        samples, self.fed = self.fed, 0
-        self.inputs.put(KIND_END, samples, check=check)
-        self._unused.clear()
-        return samples
-
-    def in_transit(self) -> list[dict[str, Any]]:
-        """The targets fed that the last stage has not used yet, as ``checkpoint.message`` dicts."""
-        return list(self._unused)
-
-
-def result_of(message: Message, output: ValueSpec, learning: bool) -> Result:
-    """The ``Result`` a message on the last stage's result link stands for."""
-    if not message.tensors:  # a skipped input: it never went forward
-        return Result(message.index, None, None, skipped=True)
-    return Result(
-        message.index,
-        rebuild(output, message.tensors),
-        message.scalar if learning else None,
-        skipped=message.kind == KIND_SKIP,
-    )
-
-
-def resumed_links(links: Links, activation: dict[str, Any] | None, gradient: dict[str, Any] | None) -> Links:
-    """``links`` with the values in transit of a checkpoint (``checkpoint.message`` dicts, or None)
-    waiting on them: the activation for this stage's next forward, the gradient for its next product
-    (a value without tensors is a SKIP)."""
-
-    def primed(link: Any, value: dict[str, Any] | None) -> Any:
-        if value is None:
-            return link
-        if value["tensors"] is None:
-            return _Primed(link, [Message(KIND_SKIP, value["sample"], 0.0, ())])
-        return _Primed(link, [Message(KIND_DATA, value["sample"], 0.0, tuple(value["tensors"]))])
-
-    return replace(links, act_in=primed(links.act_in, activation), grad_in=primed(links.grad_in, gradient))
 
 
 def run_stage(

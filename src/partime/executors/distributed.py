@@ -59,23 +59,13 @@ from torch import nn
 from .. import schedule
 from ..checkpoint import from_bytes, to_bytes
 from ..errors import PipelineClosedError, StageTimeoutError
+from ..feeder import Feeder, result_of
 from ..partition import check_balance, split
 from ..stage import Stage, StageConfig
+from ..transit import executor_state, resume, stage_answer, stage_resume
 from ..transport import KIND_DATA, POLL_S, Aborted, Channel, Message, wait
 from ..values import TensorSpec
-from ..worker import (
-    Feeder,
-    Links,
-    Sent,
-    SentLog,
-    Where,
-    executor_state,
-    result_of,
-    resume,
-    run_stage,
-    stage_answer,
-    stage_resume,
-)
+from ..worker import Links, Sent, SentLog, Where, run_stage
 from .base import LOOKAHEAD, Executor, Layout, Result, with_deadline
 from .link import (
     KIND_CHECKPOINT,

@@ -24,8 +24,9 @@ from typing import Any
 
 from .. import schedule
 from ..errors import StageTimeoutError
+from ..feeder import Feeder, result_of
 from ..transport import wait
-from ..worker import Feeder, Link, Links, result_of
+from ..worker import Link, Links
 from .base import Executor, Layout, Result, with_deadline
 
 CAPACITY = 2

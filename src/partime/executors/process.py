@@ -41,45 +41,28 @@ load their state before their first tick.
 
 from __future__ import annotations
 
-import contextlib
-import io
 import logging
 import multiprocessing.process
 import os
-import pickle
 import signal
-import sys
 import time
 import weakref
-from collections import ChainMap
-from collections.abc import Iterator
-from dataclasses import dataclass
-from multiprocessing.reduction import ForkingPickler
 from types import SimpleNamespace
-from typing import Any, ClassVar
+from typing import Any
 
 import cloudpickle
-import torch
 import torch.multiprocessing as mp
 
 from ..checkpoint import from_bytes, to_bytes
 from ..errors import StageError, WorkerDiedError
+from ..feeder import Feeder
 from ..semaphore import SharedSemaphore
-from ..stage import Stage, StageConfig
-from ..transport import POLL_S, Aborted, Channel, Flag
-from ..worker import (
-    Feeder,
-    Links,
-    Sent,
-    Where,
-    executor_state,
-    resume,
-    run_stage,
-    stage_answer,
-    stage_resume,
-)
+from ..transit import executor_state, stage_resume
+from ..transport import POLL_S, Channel, Flag
 from .base import LOOKAHEAD, Layout, with_deadline
 from .driver import CAPACITY, JOIN_S, Driver
+from .process_worker import FAILED, READY, WorkerArgs, work
+from .spawning import ByValue, main_not_rerun
 
 log = logging.getLogger(__name__)
 
@@ -89,60 +72,6 @@ START_S = 60.0
 rebuilds its stage), whatever the pipeline's ``timeout``."""
 
 _SHARED = SimpleNamespace(Semaphore=SharedSemaphore)  # what the channels make their semaphores with
-
-# What a worker reports on its pipe: (kind, payload).
-_READY = "ready"  # None: the stage is built (and resumed), its first tick may come
-_FAILED = "failed"  # the arguments of a StageError
-_STATE = "state"  # its part of a checkpoint, as bytes of torch.save
-
-
-class _SharingPickler(cloudpickle.Pickler):
-    """cloudpickle, with torch's reductions for multiprocessing: tensors in shared memory travel
-    as file descriptors (so the caller keeps reading the stages' weights in place)."""
-
-    dispatch_table: ClassVar[ChainMap[Any, Any]] = ChainMap(
-        ForkingPickler._extra_reducers,  # type: ignore[attr-defined]
-        cloudpickle.Pickler.dispatch_table,
-    )
-
-
-class _ByValue:
-    """An object that crosses into a spawned process as bytes and is rebuilt only by ``load()``, in
-    the worker's own code: a failure to rebuild it (a class that cannot be imported there) is then
-    reported like any failure of the stage, not a crash of the process's start-up."""
-
-    def __init__(self, value: Any):
-        self._value = value
-        self._data: bytes | None = None
-
-    def __reduce__(self) -> tuple[Any, ...]:  # while the process starts: the descriptors go with it
-        buffer = io.BytesIO()
-        _SharingPickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(self._value)
-        return _from_bytes, (buffer.getvalue(),)
-
-    def load(self) -> Any:
-        return self._value if self._data is None else pickle.loads(self._data)
-
-
-def _from_bytes(data: bytes) -> _ByValue:
-    packed = _ByValue(None)
-    packed._data = data
-    return packed
-
-
-@dataclass
-class _Worker:
-    """Everything one worker process is started with."""
-
-    module: _ByValue  # the stage's module, its parameters in shared memory
-    config: bytes  # the StageConfig, by cloudpickle: loss functions and factories may be lambdas
-    threads: int
-    links: Links
-    stop: Flag  # every worker leaves at its next wait
-    parent: int  # the caller's pid: a worker whose caller is gone leaves
-    asks: Any  # a semaphore the caller releases to ask for this stage's state, between two ticks
-    reports: Any  # the sending end of this worker's pipe to the caller: (kind, payload)
-    resume: bytes | None = None  # torch.save of {"stage", "tick", "activation", "gradient"}
 
 
 class ProcessExecutor(Driver):
@@ -195,8 +124,8 @@ class ProcessExecutor(Driver):
             module.share_memory()  # the caller reads the trained weights in place
             links = self.stage_links(i, acts, grads)
             resume = None if state is None else to_bytes(stage_resume(state, i))
-            worker = _Worker(
-                _ByValue(module),
+            worker = WorkerArgs(
+                ByValue(module),
                 config,
                 self.threads or 1,
                 links,
@@ -206,10 +135,10 @@ class ProcessExecutor(Driver):
                 pipes[i][1],
                 resume,
             )
-            proc = ctx.Process(target=_work, args=(worker,), name=f"partime-stage-{i}", daemon=True)
+            proc = ctx.Process(target=work, args=(worker,), name=f"partime-stage-{i}", daemon=True)
             self._procs.append(proc)
         try:
-            with _main_not_rerun():
+            with main_not_rerun():
                 for proc in self._procs:
                     proc.start()
             for _, sender in pipes:
@@ -290,9 +219,9 @@ class ProcessExecutor(Driver):
             try:
                 while pipe.poll():
                     kind, payload = pipe.recv()
-                    if kind == _FAILED:
+                    if kind == FAILED:
                         raise StageError(**payload)
-                    if kind == _READY:
+                    if kind == READY:
                         self._ready[i] = True
                     else:
                         self._states[i] = payload
@@ -306,26 +235,6 @@ class ProcessExecutor(Driver):
         """The error for stage ``i``, whose process ended without a word: at the tick it had not finished."""
         sample, phase, doing = self.work_at(i, self.finished(i))
         return WorkerDiedError(i, sample, phase, f"{_death(proc)} {doing}", "")
-
-
-@contextlib.contextmanager
-def _main_not_rerun() -> Iterator[None]:
-    """While workers start: ``spawn`` would have each one import the caller's main script again (so
-    that objects of ``__main__`` can be unpickled), which runs an unguarded script's pipeline again,
-    in the worker. Everything a worker is given travels by cloudpickle, ``__main__``'s classes and
-    functions by value, so it needs no main script: hide it from ``spawn`` meanwhile."""
-    main = sys.modules.get("__main__")
-    if main is None:
-        yield
-        return
-    saved: dict[str, Any] = {key: main.__dict__[key] for key in ("__file__", "__spec__") if key in main.__dict__}
-    main.__dict__.pop("__file__", None)
-    main.__dict__["__spec__"] = None
-    try:
-        yield
-    finally:
-        main.__dict__.pop("__spec__", None)
-        main.__dict__.update(saved)
 
 
 _RUNNING: weakref.WeakSet[ProcessExecutor] = weakref.WeakSet()  # executors with workers, in this process
@@ -350,48 +259,3 @@ def _death(proc: Any) -> str:
         except ValueError:
             pass
     return f"its process (pid {proc.pid}) ended with exit code {code}"
-
-
-# -- the worker ---------------------------------------------------------------------------------
-
-
-def _work(w: _Worker) -> None:
-    """The body of a stage's process: run segments until told to stop, then leave at once."""
-    # Ctrl-C reaches every process of the terminal's group: the caller handles it and stops us.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    torch.set_num_threads(w.threads)
-    where = Where()
-    sent = Sent()
-
-    def check() -> None:
-        if w.stop.is_set() or os.getppid() != w.parent:
-            raise Aborted
-        if w.asks.acquire(False):  # the caller asks for this stage's state: every stage is between two ticks
-            phase, where.phase = where.phase, "checkpoint"
-            w.reports.send((_STATE, to_bytes(stage_answer(stage, sent))))
-            where.phase = phase
-
-    code = 0
-    try:
-        config: StageConfig = cloudpickle.loads(w.config)
-        stage = Stage(w.links.index, w.module.load(), config)
-        links, tick = w.links, 0
-        if w.resume is not None:
-            where.phase = "resume"
-            links, tick = resume(stage, links, from_bytes(w.resume))
-        w.reports.send((_READY, None))
-        run_stage(stage, w.links, check, where, sent, first=links, tick=tick)
-    except Aborted:
-        pass
-    except BaseException as exc:  # noqa: BLE001 - every failure goes back to the caller as data
-        try:
-            w.reports.send((_FAILED, where.report(w.links.index, exc)))
-        except OSError:  # the caller is gone
-            pass
-        w.stop.set()
-        code = 1
-    # Everything this process shares belongs to the caller, and the report (if any) is already in
-    # the pipe: skip the interpreter's teardown, which takes about half a second with torch.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)

@@ -44,19 +44,11 @@ import torch
 from torch import Tensor
 
 from ..errors import StageError
+from ..feeder import Feeder
 from ..stage import Stage
+from ..transit import executor_state, resume, stage_answer, stage_resume
 from ..transport import POLL_S, Aborted, Message
-from ..worker import (
-    Feeder,
-    Links,
-    Sent,
-    Where,
-    executor_state,
-    resume,
-    run_stage,
-    stage_answer,
-    stage_resume,
-)
+from ..worker import Links, Sent, Where, run_stage
 from .base import Layout, stage_error
 from .driver import JOIN_S, Driver
 

@@ -1,0 +1,202 @@
+"""A pipeline's life and the running of its executor (internal module, below ``pipeline``).
+
+``Running`` holds what ``Pipeline`` keeps and does what every one of its verbs rests on: open and
+close, start the executor at the first sample (or a loaded checkpoint), feed one sample per tick,
+take results in order, and close everything on a stage's failure (``_guard``), after which the
+pipeline refuses more samples with a ``PipelineClosedError`` that names the failure.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+
+import torch
+from torch import nn
+
+from .checkpoint import layout_from_plain
+from .errors import PipelineClosedError, StageError
+from .executors import Executor
+from .layout import Result
+from .partition import Partition, plan, split
+from .samples import layout_of
+from .signals import SigtermGuard
+from .skips import SkipWatch
+from .stage import StageConfig
+from .state import PipelineState
+from .values import nonfinite
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+# the pipeline's logger: these messages read as the pipeline's, for those who configure that one
+log = logging.getLogger("partime.pipeline")
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+class Running:
+    """The state of a pipeline (set by ``Pipeline.__init__``), its lifecycle and its executor."""
+
+    depth: int
+    _pid: int
+    _status: str  # new -> open -> closed
+    _executor: Executor | None
+    _executor_class: type[Executor]
+    _devices: list[str]
+    _threads: int
+    _timeout: float | None
+    _model: nn.Sequential
+    _balance: int | Sequence[int]
+    _config: StageConfig
+    _sigterm: SigtermGuard | None
+    _state: PipelineState
+    _partition: Partition | None
+    _failure: str | None
+    _skips: SkipWatch
+    _rank: int  # the distributed executor runs one stage per rank; on ranks > 0 the pipeline serves its stage
+
+    def open(self) -> Self:
+        """Make the pipeline ready for samples (its workers start at the first one)."""
+        if self._status != "new":
+            done = "opened" if self._status == "open" else "closed"
+            raise PipelineClosedError(f"this pipeline was already {done}; make a new one")
+        self._status = "open"
+        if self._sigterm is not None:
+            self._sigterm.install()
+        if self._rank > 0:  # serve this rank's stage until rank 0 closes the pipeline
+            self._guard(self._executor_class.serve, self._rank, self._model, self._config, self._threads)
+        return self
+
+    def close(self) -> None:
+        """Stop and join every worker; the results still inside the pipeline are dropped.
+
+        In a process made by ``os.fork()`` from the one that opened the pipeline, it only marks this
+        copy closed: the workers belong to that process.
+        """
+        was_open, self._status = self._status == "open", "closed"
+        if os.getpid() != self._pid:
+            return
+        if self._sigterm is not None:
+            self._sigterm.restore()  # first: a SIGTERM while the workers are joined ends the program
+        if self._executor is not None:
+            self._executor.close()
+        elif was_open and self._rank == 0:
+            self._executor_class.cancel(self._failure)  # ranks > 0 wait for the first sample
+
+    def __del__(self) -> None:
+        executor = getattr(self, "_executor", None)
+        if self._status == "open" and executor is not None and executor.has_workers and os.getpid() == self._pid:
+            warnings.warn(
+                f"an open partime Pipeline ({self._executor_class.__name__}) was garbage-collected; its "
+                "workers are stopped now. Close it: `with pipe:`, or pipe.close()",
+                ResourceWarning,
+                source=self,
+                stacklevel=2,
+            )
+            self.close()
+
+    def __enter__(self) -> Self:
+        return self.open()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # -- internals ------------------------------------------------------------------------------
+
+    def _plan(self, sample: Any) -> Partition:
+        """The partition, timing layers (if it must) with the thread count each stage will have."""
+        before = torch.get_num_threads()
+        torch.set_num_threads(self._threads)
+        try:
+            return plan(self._model, self._balance, sample, learning=self._config.learning)
+        finally:
+            torch.set_num_threads(before)
+
+    def _check_open(self) -> None:
+        if os.getpid() != self._pid:
+            raise PipelineClosedError(
+                f"this pipeline was opened by process {self._pid}; this process ({os.getpid()}), made from it by "
+                "os.fork(), cannot use it (its workers belong to that process): make a new Pipeline here"
+            )
+        if self._status == "new":
+            raise PipelineClosedError("the pipeline is not open: use `with pipe:` (or pipe.open())")
+        if self._failure is not None:
+            raise PipelineClosedError(f"the pipeline stopped after an error: {self._failure}")
+        if self._status == "closed":
+            raise PipelineClosedError("the pipeline is closed; make a new one")
+
+    def _running(self, x: Any, y: Any) -> Executor:
+        """The executor; started first, from sample ``x`` (and target ``y``) or the loaded
+        checkpoint, if it is not running yet."""
+        return self._guard(self._start, x, y) if self._executor is None else self._executor
+
+    def _start(self, x: Any, y: Any) -> Executor:
+        """Fix the partition and every boundary's layout from the first sample (or the loaded
+        checkpoint); start the executor."""
+        state = self._state
+        self._config.supervised = bool(state.supervised)
+        if self._partition is None:
+            self._partition = self._plan(x)
+            log.info("balanced: %s", self._partition)
+        stages = split(self._model, self._partition.balance)
+        resume, state.resume = state.resume, None
+        layout = layout_of(stages, x, state.y_spec) if resume is None else layout_from_plain(resume["layout"])
+        state.layout = layout
+        self._executor = executor = self._executor_class(
+            stages, self._devices, self._config, self._threads, self._timeout
+        )
+        if resume is None:
+            self._guard(executor.start, layout)
+        else:
+            self._guard(executor.start, layout, resume)
+        return executor
+
+    def _feed(self, x: Any, y: Any) -> None:
+        """Offer one sample: run one tick, without taking its result."""
+        self._check_open()
+        index = self._state.next_index
+        try:
+            self._state.check_sample(index, x, y, self._config.learning)
+            bad = nonfinite(x)
+            if bad is not None and self._config.nonfinite == "raise":
+                raise ValueError(f"sample {index} is not finite: {bad}; pass nonfinite='skip' to drop such samples")
+        except (TypeError, ValueError):
+            self._state.next_index += 1  # a refused sample uses up its index (see the class docstring)
+            raise
+        executor = self._running(x, y)
+        # a skipped sample goes in as a hole (None): the stages compute nothing on it
+        self._guard(executor.feed, index, None if bad is not None else x, y)
+        self._state.fed(index, y)
+
+    def _due(self) -> int:
+        """How many results have left the pipeline and not been handed out."""
+        return self._state.due(self.depth)
+
+    def _take(self) -> Result:
+        state = self._state
+        if state.held:
+            result = state.held.popleft()
+        else:
+            assert self._executor is not None, "no result is held, so the executor has started"
+            result = self._guard(self._executor.next_result)
+        state.handed_out(result)
+        if self._config.nonfinite == "skip":
+            self._skips.note(result)
+        return result
+
+    def _guard(self, fn: Callable[_P, _R], *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        """Call into the executor; on a stage's failure close everything, then re-raise."""
+        try:
+            return fn(*args, **kwargs)
+        except BaseException as exc:
+            if isinstance(exc, StageError):
+                self._failure = str(exc).splitlines()[0]
+            else:
+                self._failure = f"{type(exc).__name__}: {exc}"
+            self.close()
+            raise
