@@ -9,26 +9,20 @@ No cut separates two children that share a tensor (see ``ties``).
 
 from __future__ import annotations
 
-import copy
 import logging
 import math
-import statistics
-import time
 from collections import OrderedDict
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from numbers import Integral, Real
-from typing import Any, TypeGuard
+from numbers import Real
 
-import torch
-from torch import Tensor, nn
+from torch import nn
 
-from partime.ties import check_ties, tied_cuts
-from partime.values import as_tensors
+from partime.balance import _is_int, check_balance
+from partime.profiling import Sample, profile_layers
+from partime.ties import tied_cuts
 
 log = logging.getLogger(__name__)
-
-Sample = Tensor | tuple[Tensor, ...]
 
 
 @dataclass(frozen=True)
@@ -85,58 +79,6 @@ class Partition:
             return text
         scale, unit = _time_unit(max(times))
         return text + ", predicted " + " / ".join(f"{t * scale:.2f}" for t in times) + f" {unit}"
-
-
-def check_balance(model: nn.Sequential, balance: int | Sequence[int]) -> None:
-    """Raise a TypeError or ValueError naming the actual values unless ``balance`` cuts ``model``.
-
-    ``balance`` is either a number of stages D (1 <= D <= len(model)), or the number of layers
-    of each stage: positive ints summing to ``len(model)``. A bool is not taken for an int.
-
-    No stage may be cut off from another that holds the same parameter or buffer (see
-    ``ties.check_ties``): a list balance that does so is refused, naming the tensor, both stages
-    and a balance that keeps them together; a number of stages D only if no cut into D stages
-    avoids it.
-    """
-    if not isinstance(model, nn.Sequential):
-        raise TypeError(f"model must be an nn.Sequential, got {type(model).__name__}; wrap it: nn.Sequential(model)")
-    n = len(model)
-    if n == 0:
-        raise ValueError("model is an empty nn.Sequential: there are no layers to cut into stages")
-    if _is_int(balance):
-        if balance < 1:
-            raise ValueError(
-                f"cannot cut {n} layers into {balance} stages: there must be at least one stage "
-                f"(balance: {balance}, layers: {n})"
-            )
-        if balance > n:
-            raise ValueError(
-                f"cannot cut {n} layers into {balance} stages: a stage needs at least one layer "
-                f"(balance: {balance}, layers: {n})"
-            )
-        check_ties(model, balance)
-        return
-    if not isinstance(balance, Sequence) or isinstance(balance, (str, bytes)):
-        raise TypeError(
-            "balance must be an int (the number of stages) or a sequence of ints (layers per "
-            f"stage), got {type(balance).__name__} ({balance!r})"
-        )
-    if len(balance) == 0:
-        raise ValueError(f"balance is empty: give at least one stage (balance: [], layers: {n})")
-    for i, b in enumerate(balance):
-        if not _is_int(b):
-            raise TypeError(
-                f"balance must hold ints, got {type(b).__name__} ({b!r}) at index {i} (balance: {list(balance)!r})"
-            )
-    for i, b in enumerate(balance):
-        if b < 1:
-            raise ValueError(f"every stage needs at least one layer, got {b} at index {i} (balance: {_ints(balance)})")
-    if sum(balance) != n:
-        raise ValueError(
-            "balance and number of layers differ "
-            f"(layers: {n}, sum of balance: {sum(balance)}, balance: {_ints(balance)})"
-        )
-    check_ties(model, balance)
 
 
 def split(model: nn.Sequential, balance: Sequence[int]) -> list[nn.Sequential]:
@@ -215,58 +157,6 @@ def best_split(layer_times: Sequence[float], depth: int, *, forbidden: Collectio
     return best[n][1]
 
 
-def profile_layers(
-    model: nn.Sequential,
-    sample: Sample,
-    *,
-    learning: bool,
-    repeats: int = 5,
-    warmup: int = 2,
-) -> tuple[float, ...]:
-    """Median seconds of each top-level child of ``model`` on ``sample``: one positive time each.
-
-    ``sample`` goes to the first child as ``model(sample)`` would pass it; each child's output
-    feeds the next. Without ``learning`` each child's forward is timed under ``torch.no_grad()``;
-    with it, its forward and its backward (a gradient of ones for its output, taken with respect
-    to its parameters and to its floating-point inputs; the first child's input only if the
-    sample requires grad). A child with nothing to differentiate is timed forward only. Each
-    child gets a copy of its input (made untimed), so in-place children leave ``sample`` as it was.
-
-    Runs on a deep copy of the model, in the model's own train/eval mode, so the model (its
-    parameters, grads, buffers such as BatchNorm running stats) and the global random state are
-    left as they were. On CUDA the device is synchronised around each timed step. The copy
-    needs as much memory again as the model.
-    """
-    if not _is_int(repeats) or repeats < 1 or not _is_int(warmup) or warmup < 0:
-        raise ValueError(f"need repeats >= 1 and warmup >= 0, got repeats={repeats!r}, warmup={warmup!r}")
-    check_balance(model, 1)
-    as_tensors(sample, "sample")
-    replica = copy.deepcopy(model)
-    children = list(replica._modules.values())
-    devices = _cuda_devices(sample, replica)
-    # Times at or below the clock's resolution are reported as the resolution: positive.
-    floor = time.get_clock_info("perf_counter").resolution
-    samples: list[list[float]] = [[] for _ in children]
-    with torch.random.fork_rng(devices=devices), torch.set_grad_enabled(learning):
-        for rep in range(warmup + repeats):
-            value: object = sample
-            for k, child in enumerate(children):
-                value, leaves = _fresh(value, learning=learning, first=k == 0)
-                _sync(devices)
-                start = time.perf_counter()
-                out = _run(k, child, "forward", child, value)
-                outputs = as_tensors(out, f"the output of child {k} ({type(child).__name__})")
-                if learning:
-                    _run(k, child, "backward", _backward, child, leaves, outputs)
-                _sync(devices)
-                if rep >= warmup:
-                    samples[k].append(max(time.perf_counter() - start, floor))
-                value = out
-    times = tuple(statistics.median(ts) for ts in samples)
-    log.debug("profiled %d layers (learning=%s): %s", len(times), learning, times)
-    return times
-
-
 def plan(
     model: nn.Sequential,
     balance: int | Sequence[int],
@@ -308,66 +198,9 @@ def plan(
     return partition
 
 
-def _is_int(x: object) -> TypeGuard[int]:
-    return isinstance(x, Integral) and not isinstance(x, bool)
-
-
-def _ints(balance: Sequence[int]) -> list[int]:
-    return [int(b) for b in balance]
-
-
 def _time_unit(seconds: float) -> tuple[float, str]:
     if seconds >= 1:
         return 1.0, "s"
     if seconds >= 1e-3:
         return 1e3, "ms"
     return 1e6, "us"
-
-
-def _fresh(value: object, *, learning: bool, first: bool) -> tuple[object, list[Tensor]]:
-    """A copy of ``value`` cut from the graph, for a child's input, and the leaves to take its
-    gradient at: when learning, every floating-point tensor (of the first child's input, those
-    that require grad). Copies, so that in-place children (``ReLU(inplace=True)``) touch neither
-    the user's sample nor a leaf.
-    """
-    tensors, leaves = [], []
-    for t in as_tensors(value, "a child's input"):
-        leaf = t.detach()
-        if learning and leaf.is_floating_point() and (t.requires_grad or not first):
-            leaves.append(leaf.requires_grad_())
-        tensors.append(leaf.clone())
-    if isinstance(value, Tensor):
-        return tensors[0], leaves
-    return (tensors if isinstance(value, list) else tuple(tensors)), leaves
-
-
-def _run(k: int, child: nn.Module, phase: str, step: Callable[..., object], *args: object) -> Any:
-    """``step(*args)``; what it raises comes back as a RuntimeError naming the child and phase."""
-    try:
-        return step(*args)
-    except Exception as exc:
-        raise RuntimeError(f"profiling child {k} ({type(child).__name__}) failed in its {phase}: {exc}") from exc
-
-
-def _backward(child: nn.Module, leaves: list[Tensor], outputs: tuple[Tensor, ...]) -> None:
-    """Gradients of ``outputs`` (times ones) w.r.t. ``child``'s parameters and input ``leaves``."""
-    outs = [o for o in outputs if o.requires_grad]
-    wrt: list[Tensor] = [p for p in child.parameters() if p.requires_grad] + leaves
-    if outs and wrt:
-        torch.autograd.grad(outs, wrt, [torch.ones_like(o) for o in outs], allow_unused=True)
-
-
-def _cuda_devices(sample: object, model: nn.Module) -> list[int]:
-    tensors = [*as_tensors(sample, "sample"), *model.parameters(), *model.buffers()]
-    return sorted(
-        {
-            torch.cuda.current_device() if t.device.index is None else t.device.index
-            for t in tensors
-            if t.device.type == "cuda"
-        }
-    )
-
-
-def _sync(devices: list[int]) -> None:
-    for d in devices:
-        torch.cuda.synchronize(d)

@@ -49,8 +49,6 @@ import logging
 import pickle
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
-from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -58,77 +56,22 @@ from torch import nn
 
 from .. import schedule
 from ..checkpoint import from_bytes, to_bytes
-from ..errors import PipelineClosedError, StageTimeoutError
+from ..errors import StageTimeoutError
 from ..feeder import Feeder, result_of
-from ..partition import check_balance, split
 from ..stage import Stage, StageConfig
 from ..transit import executor_state, resume, stage_answer, stage_resume
-from ..transport import KIND_DATA, POLL_S, Aborted, Channel, Message, wait
-from ..values import TensorSpec
-from ..worker import Links, Sent, SentLog, Where, run_stage
+from ..transport import Aborted, wait
+from ..worker import Links, Sent, Where, run_stage
 from .base import LOOKAHEAD, Executor, Layout, Result, with_deadline
-from .link import (
-    KIND_CHECKPOINT,
-    KIND_CLOSE,
-    KIND_PERMIT,
-    KIND_SNAPSHOT,
-    KIND_STATE,
-    Permits,
-)
-from .ranks import CLOSE_S, Run, Wire, join_group
+from .distributed_plan import _config_key, _local, _Plan, _state_specs, _wires
+from .distributed_rank import serve as serve_rank
+from .link import KIND_CHECKPOINT, KIND_PERMIT, KIND_SNAPSHOT, KIND_STATE, Permits
+from .ranks import CLOSE_S, Run, join_group
 
 log = logging.getLogger(__name__)
 
 CAPACITY = 2
 """Samples rank 0's caller may queue for stage 0 (and, with one stage, results for itself)."""
-
-
-@dataclass(frozen=True)
-class _Plan:
-    """What rank 0 tells every rank at the first sample."""
-
-    balance: tuple[int, ...]
-    layout: Layout
-    config: dict[str, Any]  # learning, supervised, grad_mode, compensation
-    states: tuple[tuple[tuple[str, TensorSpec], ...], ...]  # every stage's state_dict: names and layouts
-    resumed: bool = False  # each rank's ``stage_resume`` is in the store, under "resume <rank>"
-
-
-def _state_specs(module: nn.Module) -> tuple[tuple[str, TensorSpec], ...]:
-    return tuple((k, TensorSpec(tuple(v.shape), v.dtype)) for k, v in module.state_dict().items())
-
-
-def _config_key(config: StageConfig) -> dict[str, Any]:
-    return dict(
-        learning=config.learning,
-        supervised=bool(config.supervised),
-        grad_mode=config.grad_mode,
-        compensation=tuple(config.compensation),
-    )
-
-
-def _wires(plan: _Plan, depth: int) -> list[Wire]:
-    """Every link of the pipeline ``plan`` describes, in the order every rank makes them."""
-    layout, learning, supervised = plan.layout, plan.config["learning"], plan.config["supervised"]
-    acts = layout.activations
-    wires = [Wire(f"activation {i}->{i + 1}", i, i + 1, {KIND_DATA: acts[i].tensors}) for i in range(depth - 1)]
-    if learning:
-        wires += [Wire(f"gradient {i + 1}->{i}", i + 1, i, {KIND_DATA: acts[i].tensors}) for i in range(depth - 1)]
-    if depth > 1:
-        wires.append(Wire("result", depth - 1, 0, {KIND_DATA: layout.output.tensors}))
-        if supervised:
-            if layout.target is None:
-                raise RuntimeError("a pipeline whose loss takes a target has a layout with no target")
-            wires.append(Wire("target", 0, depth - 1, {KIND_DATA: layout.target.tensors}))
-    for r in range(1, depth):
-        state = {KIND_STATE: tuple(spec for _, spec in plan.states[r])}
-        wires += [Wire(f"control 0->{r}", 0, r, state), Wire(f"reply {r}->0", r, 0, state)]
-    return wires
-
-
-def _local(specs: Sequence[TensorSpec], capacity: int, name: str) -> Channel:
-    """A ``transport.Channel`` between two threads of rank 0 (threads share the GIL: no spinning)."""
-    return Channel(SimpleNamespace(Semaphore=threading.Semaphore), specs, capacity, name=name, spin_s=0)
 
 
 # -- the executor, on rank 0 ---------------------------------------------------------------------
@@ -323,114 +266,4 @@ class DistributedExecutor(Executor):
         Returns at once if rank 0 closes the pipeline before its first sample; raises the run's
         failure (a ``StageError``) if any rank fails.
         """
-        run = Run(rank, config.depth)
-        health = run.health
-        plan = run.wait_store("plan", health.check)
-        if not isinstance(plan, _Plan):
-            if plan is not None:
-                raise PipelineClosedError(f"rank 0 stopped before its first sample: {plan}")
-            return
-        try:
-            check_balance(model, plan.balance)
-            module = split(model, plan.balance)[rank]
-            _check_plan(plan, rank, module, config)
-        except ValueError as exc:
-            health.fail(dict(stage=rank, sample=None, phase="start", message=str(exc), traceback=""))
-            raise
-        run.store.add(run.prefix + "ready", 1)
-        config = replace(config, supervised=plan.config["supervised"])
-        loaded, permits, ticks = threading.Event(), Permits(0), threading.Semaphore(0)
-        granted = done = 0
-        # Ungated in inference, a stage may be up to ``rank`` ticks ahead of the tick a checkpoint
-        # is taken at: it notes what it sent in its last few ticks.
-        sent = SentLog(config.depth + 1)
-        stage: Stage | None = None
-
-        def finish(ticks_offered: int) -> None:  # wait until this stage has run that many ticks
-            nonlocal done
-            while done < ticks_offered:
-                wait(ticks, health.stop_check, spin_s=0)
-                done += 1
-
-        def control(message: Message) -> None:  # in the thread that receives rank 0's control link
-            nonlocal granted
-            if message.kind == KIND_STATE:
-                module.load_state_dict(dict(zip((k for k, _ in plan.states[rank]), message.tensors)))
-                loaded.set()
-            elif message.kind == KIND_PERMIT and message.index > granted:
-                permits.release(message.index - granted)
-                granted = message.index
-            elif message.kind == KIND_SNAPSHOT:
-                finish(message.index)
-                run.links[f"reply {rank}->0"].put(
-                    KIND_STATE, message.index, list(module.state_dict().values()), check=health.stop_check
-                )
-            elif message.kind == KIND_CHECKPOINT:
-                finish(message.index)
-                try:
-                    if stage is None:  # rank 0 asks only once every rank has started its stage
-                        raise RuntimeError(f"rank {rank} was asked for a checkpoint before its stage started")
-                    answer = stage_answer(stage, sent.at(int(message.scalar) - 1) if message.scalar else Sent())
-                    run.publish(f"checkpoint {rank}", to_bytes(answer))
-                except Exception as exc:  # this stage's failure, not the link's: every rank stops with it
-                    failed = Where()
-                    failed.phase = "checkpoint"
-                    health.stage_failed(failed, exc)
-                    raise Aborted from exc
-                run.links[f"reply {rank}->0"].put(KIND_CHECKPOINT, message.index, check=health.stop_check)
-            elif message.kind == KIND_CLOSE:
-                health.closing = True
-
-        before, where = torch.get_num_threads(), Where()
-        try:
-            run.connect(_wires(plan, config.depth), control)
-            while not loaded.wait(POLL_S):
-                health.stop_check()
-            torch.set_num_threads(threads)
-            last = rank == config.depth - 1
-            links = Links(
-                index=rank,
-                layout=plan.layout,
-                act_in=run.links[f"activation {rank - 1}->{rank}"],
-                act_out=run.link(f"activation {rank}->{rank + 1}"),
-                grad_in=run.link(f"gradient {rank + 1}->{rank}"),
-                grad_out=run.link(f"gradient {rank}->{rank - 1}"),
-                targets=run.link("target") if last else None,
-                results=run.link("result") if last else None,
-                ticks=ticks,
-                # Ungated in inference: no weight changes, so the weights between two ticks are
-                # these whatever tick the stage is at, and no permit need travel per tick.
-                permits=permits if config.learning else None,
-            )
-            stage = Stage(rank, module, config, run.device)
-            first, tick = links, 0
-            if plan.resumed:
-                where.phase = "resume"
-                state = from_bytes(run.store.get(run.prefix + f"resume {rank}"))
-                first, tick = resume(stage, links, state)
-            run_stage(stage, links, health.stop_check, where, sent, first=first, tick=tick)
-        except Aborted:
-            pass
-        except BaseException as exc:  # noqa: BLE001 - published, then raised below
-            health.stage_failed(where, exc)
-        finally:
-            torch.set_num_threads(before)
-            run.close()
-        if health.failure is not None:
-            raise health.error()
-
-
-def _check_plan(plan: _Plan, rank: int, module: nn.Module, config: StageConfig) -> None:
-    """A ValueError unless this rank was given the pipeline rank 0 was given."""
-    ours, theirs = _config_key(config), dict(plan.config)
-    ours.pop("supervised"), theirs.pop("supervised")  # rank 0 alone sees the targets
-    if ours != theirs:
-        raise ValueError(
-            f"rank {rank} was given another pipeline than rank 0: {ours} on rank {rank}, {theirs} on rank 0"
-        )
-    if _state_specs(module) != plan.states[rank]:
-        here, there = ([f"{k} {s}" for k, s in specs] for specs in (_state_specs(module), plan.states[rank]))
-        raise ValueError(
-            f"stage {rank} of the model differs between rank {rank} and rank 0: {here} on rank {rank}, "
-            f"{there} on rank 0"
-        )
+        serve_rank(rank, model, config, threads)

@@ -8,19 +8,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import click
-from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    SpinnerColumn,
-    TaskID,
-    TextColumn,
-    TimeElapsedColumn,
-)
+from rich.progress import TaskID
 from rich.table import Table
 
 from ..executors import EXECUTORS
+from .report import print_bench, progress_bar, wide_console
 
 DISTRIBUTED_LAYERS = 16
 """The distributed bench's default number of blocks: at D = 2, stages of about 4.4 ms on the README's 2-core VM
@@ -35,27 +27,6 @@ def _depths(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int
     if not depths or min(depths) < 1:
         raise click.BadParameter(f"give one or more depths of at least 1, got {value!r}")
     return depths
-
-
-def _console() -> Console:
-    """The console to print on; wide enough for the tables when the output is not a terminal."""
-    console = Console()
-    return console if console.is_terminal else Console(width=170)
-
-
-def progress_bar(console: Console) -> Progress:
-    """The progress display every command shows while it runs."""
-    # A slow refresh: the display shares the cores with the stages it reports on.
-    return Progress(
-        SpinnerColumn(),
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console,
-        transient=True,
-        refresh_per_second=2,
-    )
 
 
 @click.group()
@@ -114,7 +85,7 @@ def bench(
         )
     if executor == "distributed":
         return _bench_distributed(samples, size, layers, json_path)
-    console = _console()
+    console = wide_console()
     with progress_bar(console) as bar:
         baselines = len({1, os.cpu_count() or 1})  # sequential with one thread and with every core
         task = bar.add_task("starting", total=1 + len(MODES) * (baselines + len(depths)))
@@ -127,7 +98,7 @@ def bench(
             bar.update(task, description=label)
 
         rows = run_bench(executor=executor, samples=samples, depths=depths, size=size, layers=layers, progress=report)
-    _print_bench(_console(), rows, size, layers, samples, json_path)
+    print_bench(wide_console(), rows, size, layers, samples, json_path)
 
 
 def _bench_distributed(samples: int, size: int, layers: int, json_path: Path | None) -> None:
@@ -136,61 +107,7 @@ def _bench_distributed(samples: int, size: int, layers: int, json_path: Path | N
 
     rows = bench_distributed(samples, size, layers)
     if rows is not None:  # rank 0; the other ranks served their stages
-        _print_bench(_console(), rows, size, layers, samples, json_path)
-
-
-def _print_bench(
-    console: Console, rows: list[dict], size: int, layers: int, samples: int, json_path: Path | None
-) -> None:
-    console.print(bench_table(rows))
-    first = rows[0]
-    console.print(
-        f"hop cost (median, one put + get between processes): 64 KB {first['hop_64kb_us']:.1f} µs, "
-        f"one activation ({first['activation_bytes'] // 1024} KB) {first['hop_activation_us']:.1f} µs"
-        + (
-            ""
-            if first.get("hop_64kb_raw_us") is None
-            else f"; 64 KB by a bare gloo send/recv {first['hop_64kb_raw_us']:.1f} µs"
-        )
-        + ("" if first.get("hop_others_busy") is None else f" (others {first['hop_others_busy']:.0%})")
-    )
-    console.print(
-        f"{os.cpu_count()} cores; batch-1 frames 3x{size}x{size}; a stem and {layers} blocks of 5x5 conv "
-        f"(32 channels) + ReLU; median over 5 blocks of {samples} samples"
-    )
-    busy = max([first.get("hop_others_busy") or 0.0] + [row["others_busy"] or 0.0 for row in rows])
-    if busy > 0.1:
-        console.print(
-            f"[yellow]other processes kept up to {busy:.0%} of the CPUs busy (column 'others'): "
-            "the rows where they did are skewed; run the bench again on a quiet machine"
-        )
-    if json_path is not None:
-        json_path.write_text(json.dumps(rows, indent=2) + "\n")
-        console.print(f"rows written to {json_path}")
-
-
-def bench_table(rows: list[dict]) -> Table:
-    """The rows of ``run_bench`` as a table."""
-    table = Table(title="partime bench: median time per sample")
-    for name in ("mode", "run", "ms/sample", "× seq 1 thr", "× seq all cores", "max stage ms", "others", "partition"):
-        table.add_column(
-            name, justify="left" if name in ("mode", "run", "partition") else "right", no_wrap=name != "partition"
-        )
-    for row in rows:
-        run = row["executor"] if row["depth"] == 0 else f"D={row['depth']} {row['executor']}"
-        stage = f"{row['max_stage_ms']:.2f}" if row.get("max_stage_ms") is not None else ""
-        others = "?" if row["others_busy"] is None else f"{row['others_busy']:.0%}"
-        table.add_row(
-            row["mode"],
-            run,
-            f"{row['ms_per_sample']:.2f}",
-            f"{row['speedup_vs_seq_1thread']:.2f}",
-            f"{row['speedup_vs_seq_allcores']:.2f}",
-            stage,
-            others,
-            row.get("partition", ""),
-        )
-    return table
+        print_bench(wide_console(), rows, size, layers, samples, json_path)
 
 
 def _names(value: str, choices: tuple[str, ...], option: str) -> tuple[str, ...]:
@@ -264,7 +181,7 @@ def fidelity(
 
     names = _names(stream_names, fid.STREAMS, "--streams")
     optimizers = _names(optimizer_names, fid.OPTIMIZERS, "--optimizer")
-    console = _console()
+    console = wide_console()
     with progress_bar(console) as bar:
 
         def report(task: TaskID) -> Callable[[dict], None]:
@@ -313,7 +230,7 @@ def soak(inference_samples: int, learning_samples: int, depth: int, out_dir: Pat
     """Stream a long stream and record every process's resident memory: it must stay flat."""
     from .soak import plot, run_soak
 
-    console = _console()
+    console = wide_console()
     runs = []
     with progress_bar(console) as bar:
 
@@ -350,7 +267,7 @@ def demo() -> None:
     """Stream a generated video through a 2-stage pipeline: inference, then online learning."""
     from .demo import run_demo
 
-    run_demo(_console())
+    run_demo(wide_console())
 
 
 if __name__ == "__main__":

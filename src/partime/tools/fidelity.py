@@ -27,150 +27,91 @@ Streams:
 from __future__ import annotations
 
 import itertools
-import json
 import logging
-import math
-import statistics
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import asdict
 from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
 
-from .. import lookahead, streams
-from ..compensation import AUTOMATIC
+from .. import streams
 from ..errors import StageError
 from ..metrics import OnlineMetrics
 from ..partition import plan
 from ..pipeline import Pipeline
+from .fidelity_configs import (
+    COMPENSATIONS,
+    CUTS,
+    DIGITS_LR,
+    GRAD_MODES,
+    LR_GRID,
+    OPTIMIZERS,
+    STREAMS,
+    TUNING_SEED,
+    Config,
+    StepSizes,
+    automatic,
+    best_step_sizes,
+    compensations,
+    tuning_configs,
+)
+from .fidelity_models import Carry, camera_model, digits_model, even_balance, next_frame_error
+from .fidelity_report import (
+    COMPENSATION_LINES,
+    MODE_COLOURS,
+    OPTIMIZER_NAMES,
+    default_label,
+    headline,
+    markdown,
+    plot,
+    summarise,
+    write,
+)
+
+# What moved to fidelity_configs and fidelity_report is still reached as fidelity.NAME.
+__all__ = [
+    "BATCH",
+    "COMPENSATIONS",
+    "COMPENSATION_LINES",
+    "CUTS",
+    "DIGITS_LR",
+    "GRAD_MODES",
+    "HOLD",
+    "LR_GRID",
+    "MODE_COLOURS",
+    "OPTIMIZERS",
+    "OPTIMIZER_NAMES",
+    "STREAMS",
+    "TUNING_SEED",
+    "Carry",
+    "Config",
+    "StepSizes",
+    "automatic",
+    "best_step_sizes",
+    "camera_model",
+    "compensations",
+    "configs",
+    "cut",
+    "default_label",
+    "digits_model",
+    "even_balance",
+    "headline",
+    "markdown",
+    "next_frame_error",
+    "optimizer_factory",
+    "plot",
+    "run",
+    "run_all",
+    "summarise",
+    "tuning_configs",
+    "write",
+]
 
 log = logging.getLogger(__name__)
 
-STREAMS = ("digits", "shuffled", "camera")
-GRAD_MODES = ("partime", "stash", "weight-stash")
 HOLD, BATCH = 10, 4  # digits: each digit held 10 frames; 4 independent streams per sample
-OPTIMIZERS = ("sgd", "momentum", "adam")
-LR_GRID = {
-    "sgd": (0.03, 0.1, 0.3, 1.0, 3.0),
-    "momentum": (0.003, 0.01, 0.03, 0.1, 0.3),
-    "adam": (3e-4, 1e-3, 3e-3, 1e-2),
-}
-"""The step sizes tried for sequential learning; each stream and optimizer learns with its best."""
-TUNING_SEED = 0
-"""The seed whose sequential runs choose the step size."""
-DIGITS_LR = 0.07  # plain SGD's best step size for sequential learning of moving digits
-# The compensations each grad mode is measured with ("+" joins options used together), beside what
-# the default, compensation="auto", chooses for the optimizer. The optimizer-aware options need the
-# optimizer's momentum (plain SGD has none, and its prediction is its weights), and with a
-# prediction both stash modes compute the same (the predicted weights are stashed).
-COMPENSATIONS = {
-    "partime": ("",),
-    "weight-stash": ("", "delay-correction"),
-    "stash": (
-        "",
-        "delay-correction",
-        "step-scale",
-        "optimizer-prediction",
-        "optimizer-prediction+long-momentum",
-        "spike",
-    ),
-}
-CUTS = ("planned", "even")
-
-
-def automatic(optimizer: str) -> str:
-    """What ``compensation="auto"`` chooses for ``optimizer``, as a fidelity compensation."""
-    return "+".join(AUTOMATIC[optimizer])
-
-
-def compensations(grad_mode: str, optimizer: str) -> tuple[str, ...]:
-    """The compensations measured with ``grad_mode`` under ``optimizer`` (with ``stash``, the
-    default's choice among them)."""
-    names = [
-        c
-        for c in COMPENSATIONS[grad_mode]
-        if optimizer != "sgd" or not any(option in lookahead.OPTIONS for option in c.split("+"))
-    ]
-    if grad_mode == "stash":
-        names.append(automatic(optimizer))
-    return tuple(dict.fromkeys(names))
-
-
-@dataclass(frozen=True)
-class Config:
-    """One run: a stream learnt by a D-stage pipeline (D = 1: sequential)."""
-
-    stream: str
-    depth: int
-    grad_mode: str = "partime"
-    compensation: str = ""
-    seed: int = 0
-    balance: tuple[int, ...] | None = None  # layers per stage; None: even
-    optimizer: str = "sgd"
-    lr: float = DIGITS_LR
-
-    @property
-    def label(self) -> str:
-        if self.depth == 1:
-            return "sequential"
-        return f"D={self.depth} {self.grad_mode}" + "".join(f" + {c}" for c in self.compensation.split("+") if c)
-
-
-class Carry(nn.Module):
-    """Applies ``module`` to the first tensor of a tuple and carries the others along."""
-
-    def __init__(self, module: nn.Module):
-        super().__init__()
-        self.module = module
-
-    def forward(self, value: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
-        return (self.module(value[0]), *value[1:])
-
-
-def next_frame_error(output: tuple[Tensor, Tensor]) -> Tensor:
-    """The camera's loss: the predicted frame against the next frame that travelled beside it."""
-    predicted, actual = output
-    return nn.functional.mse_loss(predicted, actual)
-
-
-def digits_model() -> nn.Sequential:
-    """A small CNN for 24 × 24 digits, ten top-level layers."""
-    return nn.Sequential(
-        nn.Conv2d(1, 16, 5, padding=2),
-        nn.ReLU(),
-        nn.MaxPool2d(2),
-        nn.Conv2d(16, 32, 3, padding=1),
-        nn.ReLU(),
-        nn.MaxPool2d(2),
-        nn.Flatten(),
-        nn.Linear(32 * 6 * 6, 64),
-        nn.ReLU(),
-        nn.Linear(64, 10),
-    )
-
-
-def camera_model() -> nn.Sequential:
-    """A small convolutional next-frame predictor for 3 × 16 × 16 frames, eight layers."""
-    layers = [
-        nn.Conv2d(3, 16, 3, padding=1),
-        nn.ReLU(),
-        nn.Conv2d(16, 16, 3, padding=1),
-        nn.ReLU(),
-        nn.Conv2d(16, 16, 3, padding=1),
-        nn.ReLU(),
-        nn.Conv2d(16, 3, 3, padding=1),
-        nn.Sigmoid(),
-    ]
-    return nn.Sequential(*(Carry(layer) for layer in layers))
-
-
-def even_balance(layers: int, depth: int) -> list[int]:
-    """Layers per stage, as even as possible, the larger stages first."""
-    base, extra = divmod(layers, depth)
-    return [base + (i < extra) for i in range(depth)]
 
 
 def _stream(config: Config, frames: int) -> tuple[Iterator[Any], Iterator[Any] | None]:
@@ -284,35 +225,6 @@ def cut(stream: str, depth: int, how: str = "planned") -> tuple[int, ...]:
         torch.set_num_threads(threads)
 
 
-StepSizes = dict[tuple[str, str], float]
-"""The step size of each (stream, optimizer)."""
-
-
-def tuning_configs(stream_names: Sequence[str], optimizers: Sequence[str]) -> list[Config]:
-    """Sequential learning of each stream with each optimizer at every step size of its grid."""
-    return [
-        Config(stream, 1, seed=TUNING_SEED, optimizer=opt, lr=lr)
-        for stream in stream_names
-        for opt in optimizers
-        for lr in LR_GRID[opt]
-    ]
-
-
-def best_step_sizes(rows: Sequence[dict[str, Any]]) -> StepSizes:
-    """For each (stream, optimizer) among ``rows``, the step size whose run scored best (a
-    diverged run never wins): the highest accuracy, or the lowest loss on the camera."""
-    best: dict[tuple[str, str], tuple[float, float]] = {}
-    for row in rows:
-        key = (row["stream"], row["optimizer"])
-        if row["stream"] == "camera":
-            score = -row["loss"] if row["loss"] is not None else -math.inf
-        else:
-            score = row["accuracy"] if row["diverged_at"] is None else -math.inf
-        if key not in best or score > best[key][0]:
-            best[key] = (score, row["lr"])
-    return {key: lr for key, (_, lr) in best.items()}
-
-
 def configs(
     stream_names: Sequence[str],
     depths: Sequence[int],
@@ -353,242 +265,3 @@ def run_all(
             if progress:
                 progress(row)
     return rows
-
-
-def summarise(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One line per stream and configuration: the mean over seeds, and the gap to sequential,
-    over the whole stream (``value``, ``gap``) and over its last quarter (``late_value``,
-    ``late_gap``: what the delay still costs once the model has learnt most of what it will).
-
-    The gap is in percentage points of accuracy (pipeline minus sequential) for the digits, and
-    in percent of the sequential loss for the camera (positive: the pipeline's loss is higher).
-    A run whose loss became non-finite counts as diverged: for accuracy its remaining samples
-    count as misses; a loss over seeds with a diverged run is None.
-    """
-    groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
-    for row in rows:
-        groups.setdefault((row.get("optimizer", "sgd"), row["stream"], row["label"]), []).append(row)
-    lines = []
-    for (opt, stream, label), group in groups.items():
-        key = "loss" if stream == "camera" else "accuracy"
-        values = [r[key] for r in group]
-        lines.append(
-            dict(
-                optimizer=opt,
-                lr=group[0].get("lr"),
-                stream=stream,
-                label=label,
-                depth=group[0]["depth"],
-                balance=group[0].get("balance"),
-                metric=key,
-                value=_mean_or_none(values),
-                spread=None if None in values else statistics.pstdev(values),
-                late_value=_mean_or_none([r.get(f"late_{key}") for r in group]),
-                seeds=len(group),
-                diverged=sum(r.get("diverged_at") is not None for r in group),
-            )
-        )
-    for line in lines:
-        base = next(
-            x
-            for x in lines
-            if x["stream"] == line["stream"] and x["optimizer"] == line["optimizer"] and x["depth"] == 1
-        )
-        line["gap"] = _gap(line["value"], base["value"], line["metric"])
-        line["late_gap"] = _gap(line["late_value"], base["late_value"], line["metric"])
-    return lines
-
-
-def _mean_or_none(values: Sequence[float | None]) -> float | None:
-    """The mean over seeds; None if any seed has none (a diverged loss, a run with no last quarter)."""
-    present = [v for v in values if v is not None]
-    return None if len(present) < len(values) else statistics.mean(present)
-
-
-def _gap(value: float | None, base: float | None, metric: str) -> float | None:
-    """``value`` against sequential's ``base``: points of accuracy, or percent of the loss."""
-    if value is None or base is None:
-        return None
-    if metric == "accuracy":
-        return 100 * (value - base)
-    return 100 * (value - base) / base
-
-
-OPTIMIZER_NAMES = {"sgd": "SGD", "momentum": "SGD with momentum 0.9", "adam": "Adam"}
-
-
-def default_label(depth: int, optimizer: str) -> str:
-    """The label of what a ``Pipeline`` learns with by default (``stash``, ``"auto"``) at ``depth``."""
-    return Config("digits", depth, "stash", automatic(optimizer)).label
-
-
-def headline(lines: Sequence[dict[str, Any]]) -> str:
-    """For each optimizer and depth, the gap of the best configuration of each stream (and which
-    it is) and the gap of the default, as a Markdown table."""
-    stream_names = list(dict.fromkeys(line["stream"] for line in lines))
-    out = [
-        "| optimizer | D | " + " | ".join(f"{s}: best | {s}: default" for s in stream_names) + " |",
-        "|---|---|" + "---|---|" * len(stream_names),
-    ]
-    keys = dict.fromkeys((line["optimizer"], line["depth"]) for line in lines if line["depth"] > 1)
-    for opt, depth in keys:
-        cells = []
-        for stream in stream_names:
-            mine = [x for x in lines if (x["optimizer"], x["depth"], x["stream"]) == (opt, depth, stream)]
-            scored = [x for x in mine if x["gap"] is not None]
-            sign = 1 if stream != "camera" else -1  # accuracy: higher is better; loss: lower
-            best = max(scored, key=lambda x: sign * x["gap"], default=None)
-            default = next((x for x in mine if x["label"] == default_label(depth, opt)), None)
-            cells.append("" if best is None else f"{_gap_text(best)} {best['label'].removeprefix(f'D={depth} ')}")
-            cells.append("" if default is None else _gap_text(default))
-        out.append(f"| {OPTIMIZER_NAMES.get(opt, opt)} | {depth} | " + " | ".join(cells) + " |")
-    return "\n".join(out) + "\n"
-
-
-def _gap_text(line: dict[str, Any]) -> str:
-    if line["gap"] is None:
-        return "diverged"
-    return f"{line['gap']:+.1f}" + ("%" if line["metric"] == "loss" else "")
-
-
-def markdown(lines: Sequence[dict[str, Any]]) -> str:
-    """The summary as Markdown: with several optimizers, the best configuration and the default
-    at each depth, then a block for each optimizer, headed by its step sizes; in each, the table,
-    a row per configuration, a column per stream."""
-    optimizers = list(dict.fromkeys(line["optimizer"] for line in lines))
-    if len(optimizers) == 1:
-        return _table(lines)
-    blocks = [
-        "Gap to sequential at each depth: the best configuration, and the default "
-        '(`stash`, `compensation="auto"`).\n\n' + headline(lines)
-    ]
-    for opt in optimizers:
-        mine = [line for line in lines if line["optimizer"] == opt]
-        lrs = ", ".join(f"{line['stream']} {line['lr']:g}" for line in mine if line["depth"] == 1)
-        blocks.append(f"### {OPTIMIZER_NAMES.get(opt, opt)} (step size: {lrs})\n\n" + _table(mine))
-    return "\n".join(blocks)
-
-
-def _table(lines: Sequence[dict[str, Any]]) -> str:
-    """One optimizer's summary as a Markdown table: a row per configuration, a column per stream."""
-    stream_names = list(dict.fromkeys(line["stream"] for line in lines))
-    labels = list(dict.fromkeys(line["label"] for line in lines))
-    cell = {(line["stream"], line["label"]): line for line in lines}
-    heads = {
-        "digits": "moving digits: accuracy (gap, pp)",
-        "shuffled": "shuffled digits: accuracy (gap, pp)",
-        "camera": "panning camera: next-frame MSE (gap, %)",
-    }
-    out = [
-        "| configuration | " + " | ".join(heads[s] for s in stream_names) + " |",
-        "|---|" + "---|" * len(stream_names),
-    ]
-    depths = {line["label"]: line["depth"] for line in lines}
-    optimizer = lines[0]["optimizer"]
-    for label in labels:
-        depth = depths[label]
-        mark = " (default)" if depth > 1 and label == default_label(depth, optimizer) else ""
-        cells = []
-        for s in stream_names:
-            line = cell.get((s, label))
-            note = f", {line['diverged']}/{line['seeds']} diverged" if line and line["diverged"] else ""
-            if line is None:
-                cells.append("")
-            elif line["value"] is None:
-                cells.append(f"diverged ({line['diverged']}/{line['seeds']})")
-            elif line["metric"] == "accuracy":
-                cells.append(f"{100 * line['value']:.1f}% ({line['gap']:+.1f}{_late(line, '')}{note})")
-            else:
-                cells.append(f"{line['value']:.5f} ({line['gap']:+.1f}%{_late(line, '%')}{note})")
-        out.append(f"| {label}{mark} | " + " | ".join(cells) + " |")
-    if any(line.get("late_gap") is not None and line["depth"] > 1 for line in lines):
-        out += ["", 'In brackets: the gap to sequential over the whole stream; after "end", over its last quarter.']
-    cuts = {(line["stream"], line["depth"]): line["balance"] for line in lines if line["depth"] > 1 and line["balance"]}
-    if cuts:
-        out += ["", "Layers per stage: " + "; ".join(f"{s} D={d} {list(b)}" for (s, d), b in cuts.items()) + "."]
-    return "\n".join(out) + "\n"
-
-
-def _late(line: dict[str, Any], unit: str) -> str:
-    """A table cell's last-quarter gap (``"; end -0.6"``); nothing for sequential or where there is none."""
-    if line.get("late_gap") is None or line["depth"] == 1:
-        return ""
-    return f"; end {line['late_gap']:+.1f}{unit}"
-
-
-MODE_COLOURS = {"partime": "tab:red", "stash": "tab:blue", "weight-stash": "tab:green"}
-COMPENSATION_LINES = {
-    "": "-",
-    "lr-scale": "--",
-    "weight-prediction": ":",
-    "delay-correction": "-.",
-    "optimizer-prediction": ":",
-    "optimizer-prediction+long-momentum": (0, (5, 1, 1, 1, 1, 1)),
-    "spike": "--",
-    "step-scale": (0, (1, 3)),
-    "step-scale+delay-correction": (0, (3, 1, 1, 1)),
-    "step-scale+optimizer-prediction+long-momentum": (0, (6, 2)),
-}
-
-
-def plot(rows: Sequence[dict[str, Any]], path: Path) -> None:
-    """Rolling test-then-train accuracy (digits) or loss (camera) over the stream, seed 0: a row of
-    panels per optimizer and stream, one colour per grad mode, one line style per compensation,
-    sequential in black."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    panels = list(dict.fromkeys((r.get("optimizer", "sgd"), r["stream"]) for r in rows))
-    depths = sorted({r["depth"] for r in rows if r["depth"] > 1})
-    fig, axes = plt.subplots(
-        len(panels),
-        len(depths),
-        figsize=(5 * len(depths) + 2.5, 3.6 * len(panels)),
-        squeeze=False,
-        sharex=True,
-        layout="constrained",
-    )
-    for (i, (opt, stream)), (j, depth) in itertools.product(enumerate(panels), enumerate(depths)):
-        ax = axes[i][j]
-        for row in rows:
-            if (
-                (row.get("optimizer", "sgd"), row["stream"]) != (opt, stream)
-                or row["seed"] != 0
-                or row["depth"] not in (1, depth)
-            ):
-                continue
-            xs = [k * row["frames"] / len(row["history"]) for k in range(len(row["history"]))]
-            if row["depth"] == 1:
-                style = dict(color="black", linewidth=2)
-            else:
-                style = dict(
-                    color=MODE_COLOURS.get(row["grad_mode"]),
-                    linewidth=1,
-                    linestyle=COMPENSATION_LINES.get(row["compensation"], "-"),
-                )
-            ax.plot(xs, row["history"], label=row["label"].replace(f"D={depth} ", ""), **style)
-        ax.set_title(f"{OPTIMIZER_NAMES.get(opt, opt)}: {stream}, D = {depth}", fontsize=9)
-        ax.set_xlabel("sample")
-        ax.set_ylabel("rolling loss" if stream == "camera" else "rolling accuracy")
-        if stream == "camera":
-            ax.set_yscale("log")
-    handles: dict[str, Any] = {}
-    for ax in axes.flat:  # the optimizers differ in their compensations: a legend of every line
-        handles.update(zip(ax.get_legend_handles_labels()[1], ax.get_legend_handles_labels()[0]))
-    fig.legend(list(handles.values()), list(handles), loc="outside right upper", fontsize=8)
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-
-
-def write(rows: Sequence[dict[str, Any]], out_dir: Path, tuning: Sequence[dict[str, Any]] = ()) -> dict[str, Path]:
-    """The rows and the runs that chose the step sizes (JSON), the summary (Markdown) and the
-    plot (PNG) in ``out_dir``."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    lines = summarise(rows)
-    paths = {"json": out_dir / "fidelity.json", "markdown": out_dir / "fidelity.md", "png": out_dir / "fidelity.png"}
-    paths["json"].write_text(json.dumps({"runs": list(rows), "summary": lines, "tuning": list(tuning)}, indent=1))
-    paths["markdown"].write_text(markdown(lines))
-    plot(rows, paths["png"])
-    return paths

@@ -1,0 +1,96 @@
+"""What the ``partime`` commands show: the console, the progress display and the bench's report.
+
+Only the CLI calls these; they print, the library never does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
+from rich.table import Table
+
+
+def wide_console() -> Console:
+    """The console to print on; wide enough for the tables when the output is not a terminal."""
+    console = Console()
+    return console if console.is_terminal else Console(width=170)
+
+
+def progress_bar(console: Console) -> Progress:
+    """The progress display every command shows while it runs."""
+    # A slow refresh: the display shares the cores with the stages it reports on.
+    return Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+        refresh_per_second=2,
+    )
+
+
+def print_bench(
+    console: Console, rows: list[dict], size: int, layers: int, samples: int, json_path: Path | None
+) -> None:
+    console.print(bench_table(rows))
+    first = rows[0]
+    console.print(
+        f"hop cost (median, one put + get between processes): 64 KB {first['hop_64kb_us']:.1f} µs, "
+        f"one activation ({first['activation_bytes'] // 1024} KB) {first['hop_activation_us']:.1f} µs"
+        + (
+            ""
+            if first.get("hop_64kb_raw_us") is None
+            else f"; 64 KB by a bare gloo send/recv {first['hop_64kb_raw_us']:.1f} µs"
+        )
+        + ("" if first.get("hop_others_busy") is None else f" (others {first['hop_others_busy']:.0%})")
+    )
+    console.print(
+        f"{os.cpu_count()} cores; batch-1 frames 3x{size}x{size}; a stem and {layers} blocks of 5x5 conv "
+        f"(32 channels) + ReLU; median over 5 blocks of {samples} samples"
+    )
+    busy = max([first.get("hop_others_busy") or 0.0] + [row["others_busy"] or 0.0 for row in rows])
+    if busy > 0.1:
+        console.print(
+            f"[yellow]other processes kept up to {busy:.0%} of the CPUs busy (column 'others'): "
+            "the rows where they did are skewed; run the bench again on a quiet machine"
+        )
+    if json_path is not None:
+        json_path.write_text(json.dumps(rows, indent=2) + "\n")
+        console.print(f"rows written to {json_path}")
+
+
+def bench_table(rows: list[dict]) -> Table:
+    """The rows of ``run_bench`` as a table."""
+    table = Table(title="partime bench: median time per sample")
+    for name in ("mode", "run", "ms/sample", "× seq 1 thr", "× seq all cores", "max stage ms", "others", "partition"):
+        table.add_column(
+            name, justify="left" if name in ("mode", "run", "partition") else "right", no_wrap=name != "partition"
+        )
+    for row in rows:
+        run = row["executor"] if row["depth"] == 0 else f"D={row['depth']} {row['executor']}"
+        stage = f"{row['max_stage_ms']:.2f}" if row.get("max_stage_ms") is not None else ""
+        others = "?" if row["others_busy"] is None else f"{row['others_busy']:.0%}"
+        table.add_row(
+            row["mode"],
+            run,
+            f"{row['ms_per_sample']:.2f}",
+            f"{row['speedup_vs_seq_1thread']:.2f}",
+            f"{row['speedup_vs_seq_allcores']:.2f}",
+            stage,
+            others,
+            row.get("partition", ""),
+        )
+    return table
