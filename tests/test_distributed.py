@@ -217,7 +217,9 @@ def rank_main(scenario, out):
             seen[name] = first + rest, params
             if rank == 0:
                 stopped("inline", depth, grad_mode, Path(out, f"{name} inline.pt"))
+                stopped("thread", depth, grad_mode, Path(out, f"{name} thread.pt"))
             seen[f"{name} from inline"] = resumed("distributed", depth, grad_mode, Path(out, f"{name} inline.pt"))
+            seen[f"{name} from thread"] = resumed("distributed", depth, grad_mode, Path(out, f"{name} thread.pt"))
         if rank == 0:
             torch.save(seen, Path(out, "seen.pt"))
     elif scenario == "mismatch":  # rank 1 was given another model
@@ -398,9 +400,13 @@ def test_a_run_stopped_mid_segment_resumes_exactly_from_a_checkpoint(checkpoints
     assert rest[0][0] == STOP - (depth - 1)
     assert_same_results(rest, whole[0][rest[0][0] :])
     assert all(torch.equal(p, q) for p, q in zip(params, whole[1], strict=True))
-    rest, params = resumed("inline", depth, grad_mode, Path(out, f"{name}.pt"))  # the other way round
+    rest, params = seen[f"{name} from thread"]  # resumed from a checkpoint of the thread executor
     assert_same_results(rest, whole[0][rest[0][0] :])
     assert all(torch.equal(p, q) for p, q in zip(params, whole[1], strict=True))
+    for executor in ("inline", "thread"):  # the other way round
+        rest, params = resumed(executor, depth, grad_mode, Path(out, f"{name}.pt"))
+        assert_same_results(rest, whole[0][rest[0][0] :])
+        assert all(torch.equal(p, q) for p, q in zip(params, whole[1], strict=True))
     if grad_mode:
         assert not torch.equal(params[0], next(mlp().parameters()))  # it learnt
 

@@ -54,17 +54,17 @@ from typing import Any
 import torch
 from torch import nn
 
-from .. import schedule
 from ..checkpoint import from_bytes, to_bytes
 from ..errors import StageTimeoutError
-from ..feeder import Feeder, result_of
+from ..feeder import Feeder
 from ..stage import Stage, StageConfig
 from ..transit import executor_state, resume, stage_answer, stage_resume
 from ..transport import Aborted, wait
 from ..worker import Links, Sent, Where, run_stage
-from .base import LOOKAHEAD, Executor, Layout, Result, with_deadline
+from .base import LOOKAHEAD, Layout, with_deadline
 from .distributed_plan import _config_key, _local, _Plan, _state_specs, _wires
 from .distributed_rank import serve as serve_rank
+from .driver import Driver
 from .link import KIND_CHECKPOINT, KIND_PERMIT, KIND_SNAPSHOT, KIND_STATE, Permits
 from .ranks import CLOSE_S, Run, join_group
 
@@ -77,16 +77,16 @@ CAPACITY = 2
 # -- the executor, on rank 0 ---------------------------------------------------------------------
 
 
-class DistributedExecutor(Executor):
+class DistributedExecutor(Driver):
     """Rank 0's part: stage 0 in a thread, and the caller's links to every rank (module docstring).
 
     ``Pipeline`` asks the class which rank it is on (``rank``); on ranks > 0 it calls ``serve``
-    in ``open``, and on rank 0 ``cancel`` if it closes before its first sample.
+    in ``open``, and on rank 0 ``cancel`` if it closes before its first sample. Feeding, ending a
+    segment and taking results are the driver's (``driver.Driver``); offering ticks, ``sync`` and
+    the waits are this executor's own, since only stage 0 runs here.
     """
 
     rank = staticmethod(join_group)
-    checkpoints = True
-    has_workers = True
 
     @classmethod
     def check_devices(cls, devices: Sequence[str | torch.device] | None, depth: int) -> list[str]:
@@ -104,7 +104,8 @@ class DistributedExecutor(Executor):
         self._run = run = Run(0, depth)
         self._layout = layout
         self._names = [[k for k, _ in _state_specs(s)] for s in self.stages]
-        self._offered = self._seen = self._synced = 0
+        self.begin()
+        self._seen_zero = self._synced = 0  # ticks stage 0 has finished, as sync counted them; ticks synced
         plan = _Plan(
             tuple(len(s) for s in self.stages),
             layout,
@@ -129,7 +130,7 @@ class DistributedExecutor(Executor):
         if layout.target is not None:
             self._targets = run.link("target") or _local(layout.target.tensors, depth + 1 + LOOKAHEAD, "target")
         self._feeder = Feeder(self._inputs, self._targets, depth)
-        self._permits, self._ticks = Permits(0), threading.Semaphore(0)
+        self._permit_zero, self._ticks_zero = Permits(0), threading.Semaphore(0)
         links = Links(
             index=0,
             layout=layout,
@@ -138,8 +139,8 @@ class DistributedExecutor(Executor):
             grad_in=run.link("gradient 1->0"),
             targets=self._targets if last else None,
             results=self._results if last else None,
-            permits=self._permits,
-            ticks=self._ticks,
+            permits=self._permit_zero,
+            ticks=self._ticks_zero,
         )
         self._stage, self._sent = Stage(0, self.stages[0], config, run.device), Sent()
         first, tick = links, 0
@@ -163,29 +164,14 @@ class DistributedExecutor(Executor):
         except BaseException as exc:  # noqa: BLE001 - every failure reaches the caller as data
             health.stage_failed(where, exc)
 
-    def feed(self, index: int, x: Any, y: Any) -> None:
-        """Offer sample ``index``; ``x`` None is a skipped sample: a hole, sent without a target."""
-        self._feeder.feed(index, x, y, self._waiting(f"stage 0 to take sample {index}", 0))
-        self._offer(1)
-
-    def end(self) -> None:
-        samples = self._feeder.end(self._waiting("stage 0 to take the end of the segment", 0))
-        self._offer(schedule.segment_ticks(samples, self.depth, self.config.learning) - samples)
-
     def _offer(self, ticks: int) -> None:
         """Let every stage run ``ticks`` more ticks."""
         if ticks <= 0:
             return
-        self._permits.release(ticks)
+        self._permit_zero.release(ticks)
         self._offered += ticks
         for r in range(1, self.depth if self.config.learning else 1):  # see ``serve``
             self._run.links[f"control 0->{r}"].put(KIND_PERMIT, self._offered, check=self._run.health.check)
-
-    def next_result(self) -> Result:
-        waiting = self._waiting("the next result", self.depth - 1)
-        result = result_of(self._results.get(check=waiting), self._layout.output, self.config.learning)
-        self._feeder.used(result.index)
-        return result
 
     def sync(self) -> None:
         """Wait until every stage has run every tick offered, and fetch the weights of ranks > 0."""
@@ -194,9 +180,9 @@ class DistributedExecutor(Executor):
             return
         for r in range(1, self.depth):
             run.links[f"control 0->{r}"].put(KIND_SNAPSHOT, self._offered, check=check)
-        while self._seen < self._offered:
-            wait(self._ticks, check, spin_s=0)
-            self._seen += 1
+        while self._seen_zero < self._offered:
+            wait(self._ticks_zero, check, spin_s=0)
+            self._seen_zero += 1
         for r in range(1, self.depth):
             message = run.links[f"reply {r}->0"].get(check=check)
             assert message.kind == KIND_STATE and message.index == self._offered, (message.kind, message.index)
@@ -218,6 +204,12 @@ class DistributedExecutor(Executor):
             answers.append(from_bytes(answer))
         return executor_state(answers, self._feeder.fed, self._feeder.in_transit())
 
+    def _check(self) -> None:
+        self._run.health.check()
+
+    def _describe(self, i: int) -> str:
+        return f"stage {i} (rank {i})"
+
     def _waiting(self, what: str, stage: int | None = None) -> Callable[[], None]:
         """The check for one wait of rank 0's caller: the run's failure, and a ``StageTimeoutError``
         naming ``stage`` (or, without one, the stage furthest behind that rank 0 can tell: stage 0
@@ -226,7 +218,7 @@ class DistributedExecutor(Executor):
         def expired() -> StageTimeoutError:
             behind = stage
             if behind is None:
-                behind = 0 if self._seen < self._offered else self.depth - 1
+                behind = 0 if self._seen_zero < self._offered else self.depth - 1
             return StageTimeoutError(
                 behind,
                 None,
@@ -236,7 +228,7 @@ class DistributedExecutor(Executor):
                 f"tick may take that long",
             )
 
-        return with_deadline(self._run.health.check, self.timeout, expired)
+        return with_deadline(self._check, self.timeout, expired)
 
     def close(self) -> None:
         run: Run | None = getattr(self, "_run", None)  # None before start
