@@ -1,4 +1,4 @@
-"""The process executor opens no network socket: not in the caller, not in any worker."""
+"""The process and thread executors open no network socket: not in the caller, not in any worker."""
 
 import multiprocessing
 import os
@@ -27,3 +27,17 @@ def test_a_running_process_pipeline_holds_no_inet_socket():
         found = {pid: inet_sockets(pid) for pid in family}
         pipe.flush()
     assert found == {pid: [] for pid in family}
+
+
+def test_a_running_thread_pipeline_holds_no_inet_socket_and_starts_no_process():
+    xs, ys = classification_stream(30)
+    sgd = lambda params: torch.optim.SGD(params, lr=0.1)
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    kw = dict(loss_fn=nn.CrossEntropyLoss(), optimizer=sgd, threads=1)
+    with partime.Pipeline(mlp(), [2, 3, 2], executor="thread", **kw) as pipe:
+        for x, y in zip(xs[:15], ys[:15]):
+            pipe.step(x, y)
+        started = {p.pid for p in psutil.Process().children(recursive=True)} - before
+        found = inet_sockets(os.getpid())
+        pipe.flush()
+    assert started == set() and found == []
