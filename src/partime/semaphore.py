@@ -63,11 +63,6 @@ class SharedSemaphore:
         self.acquire = self._lock.acquire
         self.release = self._lock.release
 
-    @property
-    def name(self) -> str:
-        """Its name, as ``sem_open`` takes it (``/dev/shm/sem.`` and the name without its slash)."""
-        return self._name
-
     def unlink(self) -> None:
         """Remove the name (once, from the process that made it); the semaphore itself lives on."""
         finalizer = getattr(self, "_finalizer", None)
