@@ -129,7 +129,7 @@ def _five() -> nn.Sequential:
     return nn.Sequential(*[nn.Linear(2, 2) for _ in range(5)])
 
 
-@pytest.mark.parametrize("balance", [1, 3, 5, [5], [1, 4], (2, 2, 1), [1, 1, 1, 1, 1]])
+@pytest.mark.parametrize("balance", [1, 3, 5, [5], [1, 4], (2, 2, 1), [1, 1, 1, 1, 1], "auto"])
 def test_check_balance_accepts(balance: int | list[int]) -> None:
     check_balance(_five(), balance)
 
@@ -157,7 +157,13 @@ def test_check_balance_accepts(balance: int | list[int]) -> None:
         (_five(), -2, ValueError, r"into -2 stages"),
         (_five(), True, TypeError, r"got bool \(True\)"),
         (_five(), 2.0, TypeError, r"got float \(2.0\)"),
-        (_five(), "23", TypeError, r"got str \('23'\)"),
+        (
+            _five(),
+            "23",
+            ValueError,
+            r"unknown balance '23': give 'auto' .*, a number of stages .* or the layers of each",
+        ),
+        (_five(), b"2", TypeError, r"got bytes \(b'2'\)"),
         (_five(), [], ValueError, r"balance is empty.*layers: 5"),
         (
             _five(),

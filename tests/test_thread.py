@@ -132,7 +132,7 @@ def test_ctrl_c_in_the_caller_stops_and_joins_every_thread():
     assert no_stage_thread_left()
 
 
-def test_each_stage_thread_runs_with_its_own_torch_thread_count():
+def test_each_stage_runs_with_its_own_torch_thread_count_and_the_caller_gets_its_own_back():
     counts = []
 
     class Count(nn.Module):
@@ -141,11 +141,18 @@ def test_each_stage_thread_runs_with_its_own_torch_thread_count():
             return x
 
     before = torch.get_num_threads()
-    with partime.Pipeline(nn.Sequential(Count(), Count()), 2, executor="thread", threads=2) as pipe:
-        list(pipe.stream(torch.randn(3) for _ in range(4)))
-    in_stages = {c for c in counts if c[0] != "MainThread"}  # the caller times the layers and learns the layout
-    assert in_stages == {("partime-stage-0", 2), ("partime-stage-1", 2)}
-    assert torch.get_num_threads() == before
+    torch.set_num_threads(1)
+    try:
+        model = nn.Sequential(Count(), Count())
+        with partime.Pipeline(model, 2, executor="thread", threads=2, sample=torch.randn(3)) as pipe:
+            pipe.step(torch.randn(3))  # the first sample: the caller learns each boundary's layout
+            counts.clear()
+            list(pipe.stream(torch.randn(3) for _ in range(4)))
+            # stage 0 in a thread of its own, the last stage in the caller's, each with 2
+            assert set(counts) == {("partime-stage-0", 2), ("MainThread", 2)}
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
 
 
 SCRIPT = """

@@ -3,7 +3,8 @@
 ``check_arguments`` raises the error a ``Pipeline`` made with bad arguments raises, naming the
 value and, where there is one, the fix, before anything is built; it returns what the pipeline
 keeps of them: the executor class, the depth, the devices, each stage's thread count and the
-timeout.
+timeout. With ``balance="auto"`` the depth is what the planner chooses on the sample, so there,
+once every other argument has passed, it plans the partition (``partition.plan``) and returns it.
 """
 
 from __future__ import annotations
@@ -12,12 +13,14 @@ import logging
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
 
+from .balance import AUTO, Balance
 from .executors import Executor, executor_class
-from .partition import check_balance
+from .partition import Partition, check_balance, plan
 from .stage import GRAD_MODES, NONFINITE, LossFn, OptimizerFactory, check_loss_fn
 
 # the pipeline's logger: its warnings read as the pipeline's, for those who configure that one
@@ -33,11 +36,19 @@ class Arguments:
     devices: list[str]
     threads: int
     timeout: float | None
+    partition: Partition | None = None
+    """The partition that ``balance="auto"`` chose; None for any other balance."""
+
+
+def stage_threads(depth: int, threads: int | None) -> int:
+    """The torch thread count of each of ``depth`` stages: ``threads`` if given, else the cores
+    divided among the stages (at least one)."""
+    return threads if threads is not None else max(1, (os.cpu_count() or 1) // depth)
 
 
 def check_arguments(
     model: nn.Sequential,
-    balance: int | Sequence[int],
+    balance: Balance,
     *,
     devices: Sequence[str | torch.device] | None,
     executor: str,
@@ -47,10 +58,16 @@ def check_arguments(
     threads: int | None,
     nonfinite: str,
     timeout: float | None,
+    sample: Any = None,
 ) -> Arguments:
     """``Pipeline``'s arguments, checked in the order they are documented: a ValueError (or the
     error of ``check_balance``, ``executor_class``, ``check_loss_fn``, ``check_devices``) for the
-    first that does not fit. Logs a warning when the stages will share this host's cores."""
+    first that does not fit. Logs a warning when the stages will share this host's cores.
+
+    ``balance="auto"`` needs ``sample`` (the depth fixes the devices, each stage's thread count and
+    what a checkpoint must match, before the first sample), ``devices=None`` and an executor that
+    runs every stage from this process; then the layers are timed on ``sample`` with the thread
+    count each depth would give its stages, and the chosen partition is returned."""
     check_balance(model, balance)
     if grad_mode not in GRAD_MODES:
         raise ValueError(f"unknown grad_mode {grad_mode!r}; choose one of {', '.join(GRAD_MODES)}")
@@ -64,12 +81,20 @@ def check_arguments(
             "(e.g. optimizer=lambda params: torch.optim.SGD(params, lr=0.01)), inference neither"
         )
     check_loss_fn(loss_fn)
-    depth = balance if isinstance(balance, int) else len(balance)
-    checked_devices = cls.check_devices(devices, depth)
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
         raise ValueError(f"threads must be a whole number of at least 1, got {threads!r}")
     if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0):
         raise ValueError(f"timeout must be a number of seconds above 0, or None to wait for ever; got {timeout!r}")
+    partition = None
+    if balance == AUTO:
+        _check_auto(cls, devices, sample)
+        partition = plan(
+            model, AUTO, sample, learning=optimizer is not None, threads=lambda d: stage_threads(d, threads)
+        )
+        depth = partition.depth
+    else:
+        depth = balance if isinstance(balance, int) else len(balance)
+    checked_devices = cls.check_devices(devices, depth)
     if cls.on_this_host and depth > (os.cpu_count() or 1):
         log.warning(
             "%d stages on %d cores: stages will share cores, and the pipeline will not run %d times faster",
@@ -81,6 +106,29 @@ def check_arguments(
         executor_class=cls,
         depth=depth,
         devices=checked_devices,
-        threads=threads if threads is not None else max(1, (os.cpu_count() or 1) // depth),
+        threads=stage_threads(depth, threads),
         timeout=None if timeout is None else float(timeout),
+        partition=partition,
     )
+
+
+def _check_auto(cls: type[Executor], devices: object, sample: object) -> None:
+    """A ValueError unless ``balance="auto"`` can choose the depth with these arguments."""
+    if sample is None:
+        raise ValueError(
+            f"balance={AUTO!r} needs sample= (a sample like those of the stream): the number of stages "
+            "fixes the devices, each stage's thread count and what a checkpoint must match before the "
+            "first sample, so the layers are timed when the pipeline is made; or give a number of stages "
+            "(e.g. balance=2), which can wait for the first sample"
+        )
+    if devices is not None:
+        raise ValueError(
+            f"balance={AUTO!r} chooses the number of stages, so devices cannot be given one per stage "
+            f"(got {list(devices) if isinstance(devices, Sequence) else devices!r}); leave devices=None, "
+            "or give a balance"
+        )
+    if cls.rank is not Executor.rank:
+        raise ValueError(
+            f"balance={AUTO!r} chooses the number of stages, but the {cls.kind()} executor runs one stage "
+            "per rank: give balance=WORLD_SIZE, or the layers of each stage"
+        )

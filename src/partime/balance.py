@@ -1,25 +1,33 @@
 """Whether a balance can cut a model (internal module).
 
 ``check_balance`` promises that a balance it accepts cuts the model into contiguous, non-empty
-stages that keep tied tensors together; ``_is_int`` is the int test every balance check shares.
+stages that keep tied tensors together (or is ``"auto"``: the planner chooses the depth too);
+``_is_int`` is the int test every balance check shares.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from numbers import Integral
-from typing import TypeGuard
+from typing import Literal, TypeGuard
 
 from torch import nn
 
 from partime.ties import check_ties
 
+AUTO: Literal["auto"] = "auto"
+"""The balance that lets the planner choose the number of stages as well as the cut."""
 
-def check_balance(model: nn.Sequential, balance: int | Sequence[int]) -> None:
+Balance = int | Sequence[int] | Literal["auto"]
+"""A balance: a number of stages, the layers of each stage, or ``"auto"``."""
+
+
+def check_balance(model: nn.Sequential, balance: Balance) -> None:
     """Raise a TypeError or ValueError naming the actual values unless ``balance`` cuts ``model``.
 
     ``balance`` is either a number of stages D (1 <= D <= len(model)), or the number of layers
-    of each stage: positive ints summing to ``len(model)``. A bool is not taken for an int.
+    of each stage: positive ints summing to ``len(model)``, or ``"auto"`` (any model with layers
+    can be cut so; any other string is refused). A bool is not taken for an int.
 
     No stage may be cut off from another that holds the same parameter or buffer (see
     ``ties.check_ties``): a list balance that does so is refused, naming the tensor, both stages
@@ -31,6 +39,13 @@ def check_balance(model: nn.Sequential, balance: int | Sequence[int]) -> None:
     n = len(model)
     if n == 0:
         raise ValueError("model is an empty nn.Sequential: there are no layers to cut into stages")
+    if isinstance(balance, str):
+        if balance != AUTO:
+            raise ValueError(
+                f"unknown balance {balance!r}: give {AUTO!r} (the number of stages chosen by timing), "
+                "a number of stages (e.g. 2) or the layers of each stage (e.g. [2, 3])"
+            )
+        return
     if _is_int(balance):
         if balance < 1:
             raise ValueError(
@@ -46,7 +61,7 @@ def check_balance(model: nn.Sequential, balance: int | Sequence[int]) -> None:
         return
     if not isinstance(balance, Sequence) or isinstance(balance, (str, bytes)):
         raise TypeError(
-            "balance must be an int (the number of stages) or a sequence of ints (layers per "
+            f"balance must be {AUTO!r}, an int (the number of stages) or a sequence of ints (layers per "
             f"stage), got {type(balance).__name__} ({balance!r})"
         )
     if len(balance) == 0:

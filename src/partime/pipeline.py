@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from .arguments import check_arguments
+from .balance import Balance
 from .checkpointing import Checkpointing
 from .compensation import check_compensation
 from .executors import EXECUTORS
@@ -44,8 +45,16 @@ class Pipeline(Checkpointing):
     """``model`` cut into ``balance`` stages that run at once, each on its own sample.
 
     ``balance`` is a list of layers per stage, or a number of stages D: then each layer is timed on
-    ``sample`` (or the first streamed sample) and the model is cut where the slowest stage is
-    fastest. With ``loss_fn`` and ``optimizer`` (a factory ``params -> Optimizer``, called once per
+    ``sample`` (or the first streamed sample), with what each boundary between stages costs per
+    tick (``partime.hops``), and the model is cut where the slowest stage, hops included, is
+    fastest. ``balance="auto"`` chooses the number of stages too, when the pipeline is made, so it
+    needs ``sample``: from 1 up to the cores this process may use (and the layers), the depth and
+    cut whose slowest stage is predicted fastest, each depth timed with the threads its stages
+    would get; one stage (the model as it is, with the reason logged at INFO) unless a pipeline is
+    predicted ``partime.planner.AUTO_MARGIN`` (10%) faster: by its own prediction it never chooses
+    to be slower than sequential. ``partition`` says what it chose and predicts.
+
+    With ``loss_fn`` and ``optimizer`` (a factory ``params -> Optimizer``, called once per
     stage) the pipeline learns online as SPEC.md says, under ``grad_mode`` (``"stash"``, the
     default; ``"weight-stash"``; or ``"partime"``, the published method, which learns only from
     smooth streams) and with staleness ``compensation``: ``"auto"`` (the default) chooses, for
@@ -97,7 +106,7 @@ class Pipeline(Checkpointing):
     def __init__(
         self,
         model: nn.Sequential,
-        balance: int | Sequence[int],
+        balance: Balance,
         *,
         devices: Sequence[str | torch.device] | None = None,
         executor: str = "process",
@@ -124,6 +133,7 @@ class Pipeline(Checkpointing):
             threads=threads,
             nonfinite=nonfinite,
             timeout=timeout,
+            sample=sample,
         )
         self._executor_class = args.executor_class
         depth = self.depth = args.depth
@@ -131,15 +141,16 @@ class Pipeline(Checkpointing):
         self._timeout = args.timeout
         self._threads = args.threads
         self._model = copy.deepcopy(model)  # the pipeline's own: the caller's model is never changed
-        self._balance = balance
+        # "auto" chose its depth: from here on as balance=D (a checkpoint may have another cut of D)
+        self._balance = args.depth if isinstance(balance, str) else balance
         self._config = StageConfig(
             depth, loss_fn, optimizer, grad_mode, False, check_compensation(compensation), nonfinite=nonfinite
         )
         check_optimizer_factory(optimizer, self._config.compensation)
         self._sigterm = SigtermGuard() if self._executor_class.child_processes else None
         self._state = PipelineState(supervised=takes_target(loss_fn) if loss_fn is not None else False)
-        self._partition = None
-        if not isinstance(balance, int) or sample is not None:
+        self._partition = args.partition
+        if self._partition is None and (not isinstance(balance, int) or sample is not None):
             self._partition = self._plan(sample)
         self._failure = None
         self._skips = SkipWatch()
@@ -155,7 +166,10 @@ class Pipeline(Checkpointing):
 
     @property
     def partition(self) -> Partition | None:
-        """Layers per stage and, when balanced by timing, each stage's predicted time.
+        """Layers per stage and, when balanced by timing, the predictions: each stage's time per
+        sample (``predicted_times``: compute plus hop), the pipeline's (``predicted_time``, its
+        slowest stage), the ``bound`` (the slowest compute, hops free) and the ``sequential_time``;
+        ``print(pipe.partition.summary())`` shows them.
 
         None while ``balance`` is a number of stages and no sample has been seen.
         """

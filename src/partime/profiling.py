@@ -31,6 +31,7 @@ def profile_layers(
     learning: bool,
     repeats: int = 5,
     warmup: int = 2,
+    on_output: Callable[[int, object], None] | None = None,
 ) -> tuple[float, ...]:
     """Median seconds of each top-level child of ``model`` on ``sample``: one positive time each.
 
@@ -45,6 +46,9 @@ def profile_layers(
     parameters, grads, buffers such as BatchNorm running stats) and the global random state are
     left as they were. On CUDA the device is synchronised around each timed step. The copy
     needs as much memory again as the model.
+
+    ``on_output(k, output)``, if given, is called with each child's output once, in the last
+    repetition, outside the timed part (``hops.HopMeter`` times the boundaries so).
     """
     if not _is_int(repeats) or repeats < 1 or not _is_int(warmup) or warmup < 0:
         raise ValueError(f"need repeats >= 1 and warmup >= 0, got repeats={repeats!r}, warmup={warmup!r}")
@@ -70,6 +74,8 @@ def profile_layers(
                 _sync(devices)
                 if rep >= warmup:
                     samples[k].append(max(time.perf_counter() - start, floor))
+                if on_output is not None and rep == warmup + repeats - 1:
+                    on_output(k, out)
                 value = out
     times = tuple(statistics.median(ts) for ts in samples)
     log.debug("profiled %d layers (learning=%s): %s", len(times), learning, times)

@@ -59,5 +59,5 @@ def to_device(value: Any, device: torch.device) -> Any:
     if value is None:
         return None
     if isinstance(value, Tensor):
-        return value.to(device)
-    return tuple(t.to(device) for t in value)
+        return value if value.device == device else value.to(device)
+    return tuple(t if t.device == device else t.to(device) for t in value)

@@ -54,9 +54,8 @@ class PipelineState:
         """A TypeError or ValueError unless sample ``index`` (and its target ``y``, or None) has the
         layout of the first one; the first sample fixes the layouts (and, if the loss does not say,
         whether samples come with a target)."""
-        spec = spec_of(x, f"sample {index}")
         if self.x_spec is None:
-            self.x_spec = spec
+            self.x_spec = spec_of(x, f"sample {index}")
         else:
             check_like(x, self.x_spec, f"sample {index}")
         if self.supervised is None:  # the loss's signature does not say: the first target decides

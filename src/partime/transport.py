@@ -197,6 +197,10 @@ class Channel:
         return f"Channel({self.name!r}, {self._layout()}, capacity={self.capacity})"
 
     def _validate(self, kind: int, tensors: Sequence[Tensor]) -> None:
+        if len(tensors) == 1 == len(self.specs):  # the common case, checked first at little cost
+            (t,), (spec,) = tensors, self.specs
+            if isinstance(t, Tensor) and t.shape == spec.shape and t.dtype == spec.dtype:
+                return
         if len(tensors) != len(self.specs) and (tensors or kind == KIND_DATA):
             raise ValueError(
                 f"channel {self.name!r}: got {len(tensors)} tensors for a message of kind {kind}, "

@@ -7,6 +7,7 @@ tensor of it; ``ValueSpec`` the whole value, remembering whether it was a bare t
 
 from __future__ import annotations
 
+import cmath
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -78,6 +79,10 @@ def rebuild(spec: ValueSpec, tensors: tuple[Tensor, ...]) -> Tensor | tuple[Tens
 
 def check_like(value: object, expected: ValueSpec, what: str) -> None:
     """Raise a ValueError naming ``what`` and both layouts if ``value`` is not of ``expected``."""
+    if not expected.is_tuple and isinstance(value, Tensor):  # the common case, without making a spec
+        (spec,) = expected.tensors
+        if value.shape == spec.shape and value.dtype == spec.dtype:
+            return
     got = spec_of(value, what)
     if got != expected:
         raise ValueError(
@@ -93,7 +98,7 @@ def nonfinite(value: Tensor | tuple[Tensor, ...]) -> str | None:
     """
     tensors = as_tensors(value, "value")
     for k, t in enumerate(tensors):
-        if not is_float(t) or bool(torch.isfinite(t).all()):
+        if not is_float(t) or _all_finite(t):
             continue
         bad = ~torch.isfinite(t)
         count = int(bad.sum())
@@ -102,6 +107,18 @@ def nonfinite(value: Tensor | tuple[Tensor, ...]) -> str | None:
         plural = "s" if count > 1 else ""
         return f"{which} has {count} non-finite value{plural}, the first {t[first].item()} at index {first}"
     return None
+
+
+def _all_finite(t: Tensor) -> bool:
+    """Whether every entry of the floating-point or complex ``t`` is finite.
+
+    A sum is finite only if every entry is (a NaN or an infinity makes it NaN or infinite), and it
+    is many times cheaper than ``isfinite`` over the whole tensor; only a sum that overflowed from
+    finite entries needs the entry-by-entry look."""
+    total = t.sum().item()
+    if cmath.isfinite(total):
+        return True
+    return bool(torch.isfinite(t).all())
 
 
 def is_float(t: TensorSpec | Tensor) -> bool:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import traceback as tb
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -152,65 +152,97 @@ def run_stage(
 def run_segment(
     stage: Stage, links: Links, check: Callable[[], None], where: Where, *, tick: int = 0, sent: Sent | None = None
 ) -> None:
-    """The ticks of one segment, from ``tick`` (a resumed segment starts later than 0), until the
-    END message and this stage's last action; ``sent`` (if given) notes what each tick sends.
+    """The ticks of one segment, from ``tick`` (a resumed segment starts later than 0), until this
+    stage's last tick in it; ``sent`` (if given) notes what each tick sends.
 
     With ``permits``, a tick starts only once the caller has offered it, so that no stage runs
-    ahead of the caller and the weights can be read between ticks; receiving may happen before.
-    On a failure inside the stage, ``where`` says how far it got (forward, loss, backward, step).
+    ahead of the caller and the weights can be read between ticks. On a failure inside the stage,
+    ``where`` says how far it got (forward, loss, backward, step).
     """
+    ticks = segment(stage, links, check, where, tick=tick, sent=sent)
+    while True:
+        try:
+            next(ticks)
+        except StopIteration as over:
+            if over.value and links.permits is not None:
+                links.permits.release()  # the permit it took is the next segment's first tick
+            return
+        _start_tick(links, check)
+
+
+def segment(
+    stage: Stage, links: Links, check: Callable[[], None], where: Where, *, tick: int = 0, sent: Sent | None = None
+) -> Generator[int, None, bool]:
+    """The ticks of one segment as a generator that yields each tick before it runs it: whoever
+    drives it offers that tick (a worker waits for its permit; the caller runs a stage it hosts
+    once per tick it offers) and takes the next item to have it run.
+
+    A tick receives what it takes (the activation, the gradient) once it has started. The END of a
+    segment comes as the activation of the first tick past its last sample, and is passed on. The
+    generator returns after this stage's last tick in the segment: False, or True if the END came
+    at a tick past the segment's end (the last stage's, in inference): the tick last yielded was
+    then not run, and is the next segment's first. ``links.ticks`` counts every tick run. A failure
+    inside the stage propagates, with ``where`` saying how far it got.
+    """
+    i, depth, learning = links.index, stage.config.depth, stage.config.learning
+    sent = Sent() if sent is None else sent
+    n: int | None = None
     try:
-        _run_ticks(stage, links, check, where, tick, Sent() if sent is None else sent)
+        while n is None or tick < schedule.segment_ticks(n, depth, learning):
+            yield tick
+            message = None
+            if schedule.forward_sample(i, tick, n) is not None:
+                where.sample, where.phase = None, "receive"
+                received = links.act_in.get(check=check)
+                if received.kind == KIND_END:  # the segment has n samples: this tick has no forward
+                    n = received.index
+                    if links.act_out is not None:  # not the last stage
+                        links.act_out.put(KIND_END, n, check=check)
+                    if tick >= schedule.segment_ticks(n, depth, learning):
+                        return True
+                else:
+                    message = _message(received, links.layout.into(i))
+            play_tick(stage, links, check, where, sent, tick, n, message)
+            _end_tick(links)
+            tick += 1
     except BaseException:
         if where.phase in ("forward", "loss", "backward"):
             where.phase = stage.phase
         raise
+    return False
 
 
-def _run_ticks(stage: Stage, links: Links, check: Callable[[], None], where: Where, tick: int, sent: Sent) -> None:
-    i, depth, learning = links.index, stage.config.depth, stage.config.learning
-    last = links.act_out is None
-    n: int | None = None
-    while True:
-        if n is not None and tick > schedule.last_tick(i, n, depth, learning):
-            # done with the segment: the ticks left are ones where this stage has nothing to do
-            for idle in range(tick, schedule.segment_ticks(n, depth, learning)):
-                _start_tick(links, check)
-                sent.activation = sent.gradient = None
-                sent.note(idle)
-                _end_tick(links)
-            return
-        message = None
-        if schedule.forward_sample(i, tick, n) is not None:
-            where.sample, where.phase = None, "receive"
-            received = links.act_in.get(check=check)
-            if received.kind == KIND_END:  # the segment has n samples: look at this tick again
-                n = received.index
-                if links.act_out is not None:  # not the last stage
-                    links.act_out.put(KIND_END, n, check=check)
-                continue
-            message = _message(received, links.layout.into(i))
-        _start_tick(links, check)
-        sent.activation = sent.gradient = None
-        if message is not None:
-            where.sample, where.phase = message.sample, "forward"
-            forwarded = forward_half(stage, message, last, lambda: _target(links, check))
-            if forwarded.gradient is not None:
-                sent.gradient = _put(links.grad_out, forwarded.gradient, check)
-            if forwarded.activation is not None:
-                sent.activation = _put(links.act_out, forwarded.activation, check)
-            if forwarded.result is not None:
-                _put_result(links.results, forwarded.result, check)
-        if links.grad_in is not None and schedule.backward_sample(i, tick, depth, n) is not None:
-            where.sample, where.phase = None, "receive"  # (a stage with a gradient link learns, and is not last)
-            message = _message(links.grad_in.get(check=check), links.layout.activations[i])
-            where.sample, where.phase = message.sample, "backward"
-            back = backward_half(stage, message)
-            if back is not None:
-                sent.gradient = _put(links.grad_out, back, check)
-        sent.note(tick)
-        _end_tick(links)
-        tick += 1
+def play_tick(
+    stage: Stage,
+    links: Links,
+    check: Callable[[], None],
+    where: Where,
+    sent: Sent,
+    tick: int,
+    n: int | None,
+    message: tick_rule.Message | None,
+) -> None:
+    """Tick ``tick`` of stage ``links.index`` (of a segment of ``n`` samples, None while it is
+    open): the forward half on ``message`` (None: no sample this tick), then the backward half if
+    the schedule gives the stage a gradient, which it receives here; ``sent`` notes what it sends."""
+    sent.activation = sent.gradient = None
+    if message is not None:
+        where.sample, where.phase = message.sample, "forward"
+        forwarded = forward_half(stage, message, links.act_out is None, lambda: _target(links, check))
+        if forwarded.gradient is not None:
+            sent.gradient = _put(links.grad_out, forwarded.gradient, check)
+        if forwarded.activation is not None:
+            sent.activation = _put(links.act_out, forwarded.activation, check)
+        if forwarded.result is not None:
+            _put_result(links.results, forwarded.result, check)
+    if links.grad_in is not None and schedule.backward_sample(links.index, tick, stage.config.depth, n) is not None:
+        where.sample, where.phase = None, "receive"  # (a stage with a gradient link learns, and is not last)
+        received = _message(links.grad_in.get(check=check), links.layout.activations[links.index])
+        where.sample, where.phase = received.sample, "backward"
+        back = backward_half(stage, received)
+        if back is not None:
+            sent.gradient = _put(links.grad_out, back, check)
+    sent.note(tick)
 
 
 def _message(received: Message, spec: ValueSpec) -> tick_rule.Message:

@@ -20,14 +20,18 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 from .. import schedule
 from ..errors import StageTimeoutError
 from ..feeder import Feeder, result_of
+from ..stage import Stage
+from ..transit import resume, stage_resume
 from ..transport import wait
 from ..worker import Link, Links
-from .base import Executor, Layout, Result, with_deadline
+from .base import Executor, Layout, Result, stage_error, with_deadline
+from .hosted import HostedStage, Local
 
 CAPACITY = 2
 """Messages a link between stages holds: one being read while the next is written."""
@@ -49,6 +53,7 @@ class Driver(Executor):
     _results: Link
     _layout: Layout
     _ready: list[bool]
+    _hosted: HostedStage | None = None  # the last stage, if the caller runs it (``host``)
 
     def begin(self) -> None:
         """Set up the counts: call once in ``start``, before the first wait."""
@@ -78,21 +83,59 @@ class Driver(Executor):
             ticks=self._ticks[i],
         )
 
+    def host(
+        self, acts: Sequence[Link], grads: Sequence[Link], state: dict[str, Any] | None
+    ) -> tuple[Local, Local | None, Local]:
+        """Run the last stage in the caller (``hosted.py``): built, and resumed from ``state``, here.
+
+        ``acts[-1]`` is what it takes in (the input, at D = 1: then give None, and use the first
+        link returned). Its permits and finished ticks are ``_permits[-1]`` and ``_ticks[-1]``
+        (set them to ``hosted.Count()`` first). Returns its ends for the caller: the input (for D =
+        1), the targets (if it takes any) and the results.
+        """
+        i = self.depth - 1
+        inputs = Local("input", copy=True)
+        targets = Local("target", copy=True) if self._layout.target is not None else None
+        results = Local("result")
+        self._targets, self._results = targets, results
+        links = replace(self.stage_links(i, [*acts[:i], inputs] if i == 0 else acts, grads), permits=None)
+        try:
+            stage = Stage(i, self.stages[i], self.config)
+        except Exception as exc:  # as a worker would report it
+            raise stage_error(i, None, "start", exc) from exc
+        first, tick = links, 0
+        if state is not None:
+            try:
+                first, tick = resume(stage, links, stage_resume(state, i))
+            except Exception as exc:
+                raise stage_error(i, None, "resume", exc) from exc
+        self._hosted = HostedStage(stage, links, first=first, tick=tick, threads=self.threads or 1)
+        return inputs, targets, results
+
     def feed(self, index: int, x: Any, y: Any) -> None:
         """Offer sample ``index``; ``x`` None is a skipped sample: a hole, sent without a target."""
         if self._segment is None or self._segment[2] is not None:
             # a new segment begins with this sample (or, resumed from a checkpoint, ``fed`` ticks ago)
             fed = self._feeder.fed
             self._segment = [self._offered - fed, index - fed, None]
-        self._feeder.feed(index, x, y, self._waiting(f"stage 0 to take sample {index}", 0))
+        # The workers are offered the tick first: they may start it at once (they have its inputs
+        # already), beside the stage the caller hosts, which runs it here once it is fed.
         self._fed_at.append((self._offered, index))
         self._offer(1)
+        self._feeder.feed(index, x, y, self._waiting(f"stage 0 to take sample {index}", 0))
+        if self._hosted is not None:
+            self._hosted.run_tick(self._waiting_for_hosted(self._offered - 1))
 
     def end(self) -> None:
-        samples = self._feeder.end(self._waiting("stage 0 to take the end of the segment", 0))
+        samples = self._feeder.fed
         if self._segment is not None:
             self._segment[2] = samples
-        self._offer(schedule.segment_ticks(samples, self.depth, self.config.learning) - samples)
+        ticks = schedule.segment_ticks(samples, self.depth, self.config.learning) - samples
+        self._offer(ticks)
+        self._feeder.end(self._waiting("stage 0 to take the end of the segment", 0))
+        if self._hosted is not None:
+            for tick in range(self._offered - ticks, self._offered):
+                self._hosted.run_tick(self._waiting_for_hosted(tick))
 
     def _offer(self, ticks: int) -> None:
         """Let every stage run ``ticks`` more ticks."""
@@ -121,6 +164,12 @@ class Driver(Executor):
     def _describe(self, i: int) -> str:
         """Stage ``i``'s worker, in words."""
         raise NotImplementedError
+
+    def _waiting_for_hosted(self, tick: int) -> Callable[[], None]:
+        """The check while the hosted last stage runs ``tick`` (it waits on the stage before it)."""
+        if self.depth == 1:
+            return self._waiting(f"stage 0 to run tick {tick}")
+        return self._waiting(f"stage {self.depth - 2}'s activation for tick {tick}", self.depth - 2)
 
     def _waiting(self, what: str, stage: int | None = None) -> Callable[[], None]:
         """The check for one wait of the caller, for ``what``: a worker's failure, and a

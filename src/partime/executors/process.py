@@ -59,8 +59,9 @@ from ..feeder import Feeder
 from ..semaphore import SharedSemaphore
 from ..transit import executor_state, stage_resume
 from ..transport import POLL_S, Channel, Flag
-from .base import LOOKAHEAD, Layout, with_deadline
+from .base import Layout, with_deadline
 from .driver import CAPACITY, JOIN_S, Driver
+from .hosted import Count
 from .process_worker import FAILED, READY, WorkerArgs, work
 from .spawning import ByValue, main_not_rerun
 
@@ -86,18 +87,17 @@ class ProcessExecutor(Driver):
         depth, learning = self.depth, self.config.learning
         self._layout = layout
         self._stop = Flag()
-        self._permits = [SharedSemaphore(0) for _ in range(depth)]
-        self._ticks = [SharedSemaphore(0) for _ in range(depth)]
-        self._asks = [SharedSemaphore(0) for _ in range(depth)]
-        pipes = [ctx.Pipe(duplex=False) for _ in range(depth)]
-        self._reports = [receiver for receiver, _ in pipes]
-        self._ready = [False] * depth
-        self._states: list[bytes | None] = [None] * depth
+        workers = range(depth - 1)  # the stages with a process of their own: the caller hosts the last
+        self._permits = [SharedSemaphore(0) if i in workers else Count() for i in range(depth)]
+        self._ticks = [SharedSemaphore(0) if i in workers else Count() for i in range(depth)]
+        self._asks = {i: SharedSemaphore(0) for i in workers}
+        pipes = {i: ctx.Pipe(duplex=False) for i in workers}
+        self._reports = {i: receiver for i, (receiver, _) in pipes.items()}
+        self._ready = [i not in workers for i in range(depth)]
+        self._states: dict[int, bytes | None] = dict.fromkeys(workers)
         self.begin()
         transit = state["transit"] if state is not None else None
-        # The caller's own channels do not spin: on a machine with one core per stage, a caller
-        # spinning for its result would take a core from a stage.
-        acts = [Channel(_SHARED, layout.input.tensors, CAPACITY, name="input", spin_s=0)]
+        acts: list[Any] = [Channel(_SHARED, layout.input.tensors, CAPACITY, name="input")] if workers else []
         acts += [
             Channel(_SHARED, spec.tensors, CAPACITY, name=f"activation {i}->{i + 1}")
             for i, spec in enumerate(layout.activations)
@@ -110,17 +110,14 @@ class ProcessExecutor(Driver):
             if learning
             else []
         )
-        self._targets = None
-        if layout.target is not None:
-            # the caller is ahead of the last stage by up to D ticks (and the lookahead) of targets
-            self._targets = Channel(_SHARED, layout.target.tensors, depth + 1 + LOOKAHEAD, name="target", spin_s=0)
-        self._results = Channel(_SHARED, layout.output.tensors, CAPACITY, name="result", spin_s=0)
-        self._inputs = acts[0]
+        self._channels = [*acts, *grads]
+        hosted_input, _, _ = self.host(acts, grads, state)  # sets _targets, _results and _hosted
+        self._inputs = acts[0] if workers else hosted_input
         self._feeder = Feeder(self._inputs, self._targets, depth)
-        self._channels = [*acts, *grads, self._results] + ([self._targets] if self._targets else [])
         config = cloudpickle.dumps(self.config)
-        self._procs: list[Any] = []
-        for i, module in enumerate(self.stages):
+        self._procs: dict[int, Any] = {}
+        for i in workers:
+            module = self.stages[i]
             module.share_memory()  # the caller reads the trained weights in place
             links = self.stage_links(i, acts, grads)
             resume = None if state is None else to_bytes(stage_resume(state, i))
@@ -135,13 +132,12 @@ class ProcessExecutor(Driver):
                 pipes[i][1],
                 resume,
             )
-            proc = ctx.Process(target=work, args=(worker,), name=f"partime-stage-{i}", daemon=True)
-            self._procs.append(proc)
+            self._procs[i] = ctx.Process(target=work, args=(worker,), name=f"partime-stage-{i}", daemon=True)
         try:
             with main_not_rerun():
-                for proc in self._procs:
+                for proc in self._procs.values():
                     proc.start()
-            for _, sender in pipes:
+            for _, sender in pipes.values():
                 sender.close()  # the workers hold their ends: a dead worker's pipe then reads as ended
             patience = None if self.timeout is None else max(self.timeout, START_S)
             check = with_deadline(
@@ -154,34 +150,36 @@ class ProcessExecutor(Driver):
             self.close()
             raise
         # Every worker holds every semaphore it needs: their names can go (see the module docstring).
-        for sem in [*self._permits, *self._ticks, *self._asks]:
-            sem.unlink()
-        for channel in self._channels:
-            channel.unlink()
+        self._unlink()
         _RUNNING.add(self)
-        log.debug("started %d stage processes: %s", depth, [p.pid for p in self._procs])
+        log.debug("started %d stage processes: %s", len(workers), [p.pid for p in self._procs.values()])
         self._feeder.resume(transit, self._waiting("the last stage to take the targets in transit"))
 
     def state_dict(self) -> dict[str, Any]:
         self.sync()
-        for asks in self._asks:
+        for asks in self._asks.values():
             asks.release()
         check = self._waiting("every stage's part of the checkpoint")
-        for i, pipe in enumerate(self._reports):
+        for i, pipe in self._reports.items():
             while self._states[i] is None:
                 pipe.poll(POLL_S)
                 check()
-        answers = [from_bytes(data) for data in self._states if data is not None]
-        self._states = [None] * self.depth
+        answers = [from_bytes(data) for data in self._states.values() if data is not None]
+        if self._hosted is not None:
+            answers.append(self._hosted.answer())
+        self._states = dict.fromkeys(self._states)
         return executor_state(answers, self._feeder.fed, self._feeder.in_transit())
 
     def close(self) -> None:
-        procs, self._procs = getattr(self, "_procs", []), []
+        procs, self._procs = getattr(self, "_procs", {}), {}
+        hosted, self._hosted = self._hosted, None
+        if hosted is not None:
+            hosted.close()
         if not procs:
             return
         self._stop.set()
         deadline = time.monotonic() + JOIN_S
-        for i, proc in enumerate(procs):
+        for i, proc in procs.items():
             if proc.pid is None:
                 continue
             if i in self._stuck or not self._ready[i]:  # stopped, stuck, or not started: it would not leave now
@@ -191,31 +189,35 @@ class ProcessExecutor(Driver):
                 log.warning("stage process %s did not stop within %.0f s; killing it", proc.name, JOIN_S)
                 proc.kill()
                 proc.join()
-        for pipe in self._reports:
+        for pipe in self._reports.values():
             pipe.close()
-        for proc in procs:
+        for proc in procs.values():
             proc.close()
         # Let go of the channels and semaphores (their names are gone already, unless start failed).
-        for sem in [*self._permits, *self._ticks, *self._asks]:
-            sem.unlink()
-        for channel in self._channels:
-            channel.unlink()
+        self._unlink()
         # ... and of the shared memory, which goes with the last process that maps it
         del self._inputs, self._results, self._feeder
         self._channels, self._targets = [], None
-        self._permits, self._ticks, self._asks, self._reports = [], [], [], []
+        self._permits, self._ticks, self._asks, self._reports = [], [], {}, {}
+
+    def _unlink(self) -> None:
+        """Remove the names of every semaphore (``semaphore.SharedSemaphore``)."""
+        for sem in [*self._permits, *self._ticks, *self._asks.values()]:
+            getattr(sem, "unlink", lambda: None)()
+        for channel in self._channels:
+            channel.unlink()
 
     def _check(self) -> None:
         """Called while the caller waits: raise a worker's failure, if there is one."""
         self._read_reports()
-        for i, proc in enumerate(self._procs):
+        for i, proc in self._procs.items():
             if proc.exitcode is not None:
                 self._read_reports()  # it reported its failure just before it left
                 raise self._died(i, proc)
 
     def _read_reports(self) -> None:
         """Take in what the workers have reported; raise the first failure."""
-        for i, pipe in enumerate(self._reports):
+        for i, pipe in self._reports.items():
             try:
                 while pipe.poll():
                     kind, payload = pipe.recv()
@@ -229,6 +231,8 @@ class ProcessExecutor(Driver):
                 pass
 
     def _describe(self, i: int) -> str:
+        if i not in self._procs:
+            return f"stage {i} (in the caller, pid {os.getpid()})"
         return f"stage {i} (pid {self._procs[i].pid})"
 
     def _died(self, i: int, proc: Any) -> WorkerDiedError:
@@ -244,7 +248,7 @@ def _forget_workers() -> None:
     """In a child made by ``os.fork()``: the workers are not its children, so multiprocessing's exit
     handler there must not terminate them (it terminates every daemon child it knows of)."""
     for executor in list(_RUNNING):
-        multiprocessing.process._children.difference_update(executor._procs)  # type: ignore[attr-defined]
+        multiprocessing.process._children.difference_update(executor._procs.values())  # type: ignore[attr-defined]
 
 
 if hasattr(os, "register_at_fork"):

@@ -18,6 +18,7 @@ import cloudpickle
 import torch
 
 from ..checkpoint import from_bytes, to_bytes
+from ..malloc import keep_freed_memory
 from ..stage import Stage, StageConfig
 from ..transit import resume, stage_answer
 from ..transport import Aborted, Flag
@@ -50,6 +51,7 @@ def work(w: WorkerArgs) -> None:
     # Ctrl-C reaches every process of the terminal's group: the caller handles it and stops us.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(w.threads)
+    keep_freed_memory()  # no page faults for the activations of every tick
     where = Where()
     sent = Sent()
 

@@ -36,78 +36,23 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
 import torch
-from torch import Tensor
 
 from ..errors import StageError
 from ..feeder import Feeder
 from ..stage import Stage
 from ..transit import executor_state, resume, stage_answer, stage_resume
-from ..transport import POLL_S, Aborted, Message
+from ..transport import POLL_S, Aborted
 from ..worker import Links, Sent, Where, run_stage
 from .base import Layout, stage_error
 from .driver import JOIN_S, Driver
+from .handoff import Handoff, Signal
+from .hosted import Count
 
 log = logging.getLogger(__name__)
-
-
-class Signal:
-    """A counting semaphore between threads, on ``queue.SimpleQueue`` (C code, and about twice as
-    fast to hand over as ``threading.Semaphore``, which is written in Python)."""
-
-    def __init__(self) -> None:
-        self._tokens: queue.SimpleQueue[None] = queue.SimpleQueue()
-
-    def release(self) -> None:
-        self._tokens.put(None)
-
-    def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
-        try:
-            self._tokens.get(blocking, timeout)
-        except queue.Empty:
-            return False
-        return True
-
-
-class Handoff:
-    """A FIFO between two threads with ``transport.Channel``'s ``put`` and ``get``: the tensors go by
-    reference, made contiguous (with ``copy``, as copies of their own). It holds as many messages as
-    are put: a stage sends at most one per tick offered, and the caller offers a tick only with a
-    sample and takes each result when due, so no more than D + 2 are ever in it."""
-
-    def __init__(self, name: str, *, copy: bool = False):
-        self.name, self._copy = name, copy
-        self._items: queue.SimpleQueue[Message] = queue.SimpleQueue()
-
-    def put(
-        self,
-        kind: int,
-        index: int,
-        tensors: Sequence[Tensor] = (),
-        scalar: float = 0.0,
-        *,
-        check: Callable[[], None] | None = None,
-    ) -> None:
-        """Hand one message over; it never waits."""
-        if self._copy:
-            values = tuple(t.detach().clone(memory_format=torch.contiguous_format) for t in tensors)
-        else:
-            values = tuple(t.detach().contiguous() for t in tensors)
-        self._items.put(Message(kind, index, scalar, values))
-
-    def get(self, *, check: Callable[[], None] | None = None) -> Message:
-        """The oldest message, waiting for one, ``POLL_S`` at a time; whatever ``check`` raises while
-        waiting propagates."""
-        while True:
-            try:
-                return self._items.get(True, POLL_S)
-            except queue.Empty:
-                if check is not None:
-                    check()
 
 
 class ThreadExecutor(Driver):
@@ -122,18 +67,18 @@ class ThreadExecutor(Driver):
         self.begin()
         self._stop = threading.Event()
         self._failures: queue.SimpleQueue[tuple[dict[str, Any], BaseException]] = queue.SimpleQueue()
-        self._permits = [Signal() for _ in range(depth)]
-        self._ticks = [Signal() for _ in range(depth)]
-        acts = [Handoff("input", copy=True)]
+        workers = range(depth - 1)  # the stages with a thread of their own: the caller hosts the last
+        self._permits = [Signal() if i in workers else Count() for i in range(depth)]
+        self._ticks = [Signal() if i in workers else Count() for i in range(depth)]
+        acts = [Handoff("input", copy=True)] if workers else []
         acts += [Handoff(f"activation {i}->{i + 1}") for i in range(depth - 1)]
         grads = [Handoff(f"gradient {i + 1}->{i}") for i in range(depth - 1)] if learning else []
-        self._targets = Handoff("target", copy=True) if layout.target is not None else None
-        self._results = Handoff("result")
-        self._feeder = Feeder(acts[0], self._targets, depth)
+        hosted_input, _, _ = self.host(acts, grads, state)  # sets _targets, _results and _hosted
+        self._feeder = Feeder(acts[0] if workers else hosted_input, self._targets, depth)
         self._stages: list[Stage] = []
-        for i, module in enumerate(self.stages):
+        for i in workers:
             try:
-                self._stages.append(Stage(i, module, self.config))
+                self._stages.append(Stage(i, self.stages[i], self.config))
             except Exception as exc:  # as a worker would report it
                 raise stage_error(i, None, "start", exc) from exc
         self._sent = [Sent() for _ in range(depth)]
@@ -178,10 +123,15 @@ class ThreadExecutor(Driver):
     def state_dict(self) -> dict[str, Any]:
         self.sync()  # every thread waits for its next tick: its stage may be read from here
         answers = [stage_answer(stage, sent) for stage, sent in zip(self._stages, self._sent)]
+        if self._hosted is not None:
+            answers.append(self._hosted.answer())
         return executor_state(answers, self._feeder.fed, self._feeder.in_transit())
 
     def close(self) -> None:
         threads, self._threads = getattr(self, "_threads", []), []
+        hosted, self._hosted = self._hosted, None
+        if hosted is not None:
+            hosted.close()
         if not threads:
             return
         self._stop.set()
@@ -197,4 +147,6 @@ class ThreadExecutor(Driver):
             raise StageError(**report) from exc
 
     def _describe(self, i: int) -> str:
+        if i >= len(self._threads):
+            return f"stage {i} (in the caller's thread)"
         return f"stage {i} (thread {self._threads[i].name})"
