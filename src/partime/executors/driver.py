@@ -14,6 +14,9 @@ each stage's finished ticks, and the sample of each (``work_at``). What a subcla
 - ``_check()``: raise a worker's failure, if there is one; ``_describe(i)``: stage ``i``'s worker in
   words (its pid, its thread);
 - ``start``, ``state_dict`` and ``close``.
+
+The caller runs the last stage itself (``host``): every tick is offered to the workers first, and
+then run by the caller once it is fed, so that the workers start it at once, beside the caller.
 """
 
 from __future__ import annotations

@@ -1,16 +1,19 @@
-"""The process executor: one OS process per stage, on the CPU (internal module).
+"""The process executor: one OS process per stage but the last, which the caller runs (internal module).
 
-Each stage runs in its own process (``spawn``), with its own torch thread count. Stages hand
-activations forward and gradients back through shared-memory ``Channel``s; the caller feeds
-samples (and targets, for the last stage) and reads results through channels of its own::
+Stages 0 to D-2 run each in its own process (``spawn``), with its own torch thread count; the
+last stage runs in the caller itself (``hosted.py``: on a machine with a core per stage, the
+caller is then no process more than there are cores, and results and targets go by reference).
+Stages hand activations forward and gradients back through shared-memory ``Channel``s; the
+caller feeds samples to stage 0 through a channel of its own::
 
-    caller ──x──► stage 0 ──a──► stage 1 ──a──► … ──► stage D-1 ──result──► caller
-                  stage 0 ◄──g── stage 1 ◄──g── … ◄── stage D-1 ◄──target── caller
+    caller ──x──► stage 0 ──a──► stage 1 ──a──► … ──a──► stage D-1, in the caller ──result──► caller
+                  stage 0 ◄──g── stage 1 ◄──g── … ◄──g── stage D-1 ◄──target── caller
 
 A worker runs ``worker.run_stage`` (the loop every executor with stages of their own shares)
 over these channels. A worker starts a tick only when the caller has offered it (a permit semaphore)
 and counts its finished ticks on another, which is how ``sync`` knows that every stage is
-between the same two ticks.
+between the same two ticks. Every worker keeps the memory it frees for its next tick
+(``malloc.keep_freed_memory``), and so does the caller while it hosts the last stage.
 
 The stages' parameters live in shared memory, so the caller reads the trained weights in place;
 optimizer states stay in the workers. Each worker reports to the caller on a pipe of its own:

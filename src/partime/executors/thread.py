@@ -1,8 +1,8 @@
 """The thread executor: one thread per stage, in the caller's process (internal module).
 
-Each stage runs ``worker.run_stage`` (the loop the process executor's workers run) in a thread of
-its own, over links that hand values over by reference (``Handoff``): nothing is pickled, and
-nothing is copied between stages but to make a value contiguous where it is not (so that the next
+Each stage but the last runs ``worker.run_stage`` (the loop the process executor's workers run) in
+a thread of its own, and the caller runs the last one in its own thread (``hosted.py``), over
+links that hand values over by reference (``Handoff``): nothing is pickled, and nothing is copied between stages but to make a value contiguous where it is not (so that the next
 stage computes the bits the process executor's would). So a model built from classes defined in
 ``__main__``, a notebook, ``python -c`` or stdin runs as it is, and a script needs no main guard.
 The samples and targets the caller feeds are copied (the caller may reuse its buffers); results
@@ -19,7 +19,8 @@ killed: one that a timeout found stuck is left behind (it is a daemon) with a wa
 
 torch's threads: each stage thread sets torch's intra-op thread count for itself when it starts
 (``threads``, default: the cores divided among the stages). OpenMP keeps that count per calling
-thread, so the caller's own count is left as it was and the stages together use every core.
+thread, so the stages together use every core; the caller has the stages' count while it hosts
+the last one, and its own back at ``close``.
 Python's part of a tick (the loop, the modules' calls) runs one thread at a time under the GIL;
 torch's kernels release it, so stages overlap as much as their kernels dominate.
 

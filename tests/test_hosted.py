@@ -1,0 +1,94 @@
+"""The caller runs the last stage itself (process and thread executors), and the processes that run
+stages keep the memory they free for the next tick instead of taking page faults for it."""
+
+import multiprocessing
+import resource
+
+import pytest
+import torch
+from faulty import TripLoss, TripOptimizer, Tripped, tagged_stream, tripping_model
+from torch import nn
+
+import partime
+from partime.malloc import keep_freed_memory
+
+
+def stage_processes():
+    return sorted(p.name for p in multiprocessing.active_children() if p.name.startswith("partime-stage"))
+
+
+def test_the_process_executor_starts_a_process_for_every_stage_but_the_last():
+    xs, _ = tagged_stream(6, 3)
+    with partime.Pipeline(tripping_model(3), [2, 2, 2], threads=1) as pipe:
+        list(pipe.stream(xs))
+        assert stage_processes() == ["partime-stage-0", "partime-stage-1"]
+    assert stage_processes() == []
+
+
+@pytest.mark.parametrize("executor", ["process", "thread"])
+def test_while_it_hosts_the_last_stage_the_caller_has_its_torch_thread_count_and_then_its_own(executor):
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        xs, _ = tagged_stream(4, 2)
+        with partime.Pipeline(tripping_model(2), [2, 2], executor=executor, threads=2) as pipe:
+            pipe.step(xs[0])
+            assert torch.get_num_threads() == 2
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("executor", ["process", "thread"])
+@pytest.mark.parametrize("phase", ["forward", "loss"])
+def test_a_failure_of_the_hosted_last_stage_is_a_stage_error_and_every_worker_stops(executor, phase):
+    xs, ys = tagged_stream(20, 3)
+    model = tripping_model(3, stage=2 if phase == "forward" else -1, sample=7)
+    loss = TripLoss(sample=7 if phase == "loss" else -1)
+    pipe = partime.Pipeline(model, [2, 2, 2], executor=executor, threads=1, loss_fn=loss, optimizer=TripOptimizer())
+    with pytest.raises(partime.StageError) as info, pipe:
+        list(pipe.stream(xs, ys))
+    error = info.value
+    assert (error.stage, error.sample, error.phase) == (2, 7, phase), str(error)
+    assert isinstance(error.__cause__, Tripped) and "sample 7" in str(error.__cause__)
+    assert stage_processes() == []
+
+
+def minor_faults(pid=None):
+    """Minor page faults of this process (or of process ``pid``) so far."""
+    if pid is None:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    with open(f"/proc/{pid}/stat") as stat:
+        return int(stat.read().rsplit(")", 1)[1].split()[7])
+
+
+@pytest.mark.skipif(not keep_freed_memory(), reason="the C library is not glibc: it has no such thresholds")
+def test_large_activations_cost_no_page_faults_per_tick_in_the_caller_nor_in_a_stage_process():
+    # 24 channels of 96 x 96 floats: 884 KB per activation, above glibc's first mmap threshold
+    torch.manual_seed(0)
+    convs = [nn.Conv2d(3, 24, 3, padding=1)] + [nn.Conv2d(24, 24, 3, padding=1) for _ in range(3)]
+    model = nn.Sequential(*convs)
+    xs = torch.randn(40, 1, 3, 96, 96)
+    with partime.Pipeline(model, [2, 2], threads=1) as pipe:
+        results = pipe.stream(iter(xs))
+        for _ in range(10):  # warm-up: the blocks the ticks need are allocated once
+            next(results)
+        (worker,) = [p.pid for p in multiprocessing.active_children() if p.name == "partime-stage-0"]
+        caller_before, worker_before = minor_faults(), minor_faults(worker)
+        for _ in range(20):
+            next(results)
+        caller, stage0 = (minor_faults() - caller_before) / 20, (minor_faults(worker) - worker_before) / 20
+        list(results)
+    # every tick maps 4 such blocks afresh (216 pages each) when freed memory goes back to the kernel
+    assert caller < 50 and stage0 < 50, (caller, stage0)
+
+
+def test_a_timeout_while_the_hosted_stage_waits_names_the_stage_it_waits_for():
+    xs, _ = tagged_stream(20, 2)
+    pipe = partime.Pipeline(tripping_model(2, stage=0, sample=5, phase="hang"), [2, 2], threads=1, timeout=2.0)
+    with pytest.raises(partime.StageTimeoutError) as info, pipe:
+        list(pipe.stream(xs))
+    error = info.value
+    assert (error.stage, error.sample, error.phase) == (0, 5, "forward"), str(error)
+    assert "stage 0's activation for tick 6" in str(error) and "stage 0 (pid" in str(error)
+    assert stage_processes() == []
