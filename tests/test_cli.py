@@ -63,6 +63,21 @@ def test_bench_rejects_a_depth_beyond_the_layers():
     assert "depths go up to 3" in result.output
 
 
+def test_bench_refuses_options_that_do_not_go_together():
+    refusals = {
+        ("--size", "16", "--sizes", "8"): "give --size (one frame size) or --sizes (a sweep), not both",
+        ("--plot", "x.png"): "goes with --sizes only",
+        ("--rounds", "2"): "goes with --sizes only",
+        ("--sizes", "8", "--executor", "distributed"): "the distributed one benches without --sizes",
+        ("--sizes", "8", "--executor", "inline"): "the sweep's pipelines run on process, thread, not inline",
+        ("--sizes", "8,0"): "give one or more frame sizes of at least 1",
+        ("--sizes", "--depths", "11"): "depths go up to 9",
+    }
+    for args, message in refusals.items():
+        result = CliRunner().invoke(main, ["bench", *args])
+        assert result.exit_code != 0 and message in " ".join(result.output.split()), (args, result.output)
+
+
 def test_demo_runs_fast_and_reports_its_figures():
     figures = run_demo(samples=30, learn_samples=60, baseline_samples=20, heldout=20, layers=2)
     assert figures["outputs_match"] is True

@@ -11,6 +11,8 @@ is over::
 
 The model follows the first experiment of PARTIME: a stack of 5x5 convolutions with 32
 channels and ReLUs on small frames. It returns rows (dicts); printing is the CLI's job.
+``conv3_net`` (3x3 convolutions) and ``frames`` are the model family and the stream of the
+sweep over frame sizes (``bench_sweep``, ``partime bench --sizes``).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from torch import nn
 
 from ..partition import Partition
 from ..pipeline import Pipeline
+from .bench_clocks import cpu_clocks, others_busy
 from .hop import measure_hop
 
 log = logging.getLogger(__name__)
@@ -48,10 +51,21 @@ def conv_net(layers: int = 12, channels: int = 32, *, classes: int | None = None
     The convolutions are He-initialised; the weights depend only on ``seed`` (and the sizes), not
     on the global random state.
     """
+    return _conv_stack(5, layers, channels, classes, seed)
+
+
+def conv3_net(layers: int = 8, channels: int = 24, *, classes: int | None = None, seed: int = 0) -> nn.Sequential:
+    """The family of ``partime bench --sizes``: ``conv_net`` with 3x3 convolutions, by default a stem
+    and 8 blocks at 24 channels, whose stage time grows with the frame size alone."""
+    return _conv_stack(3, layers, channels, classes, seed)
+
+
+def _conv_stack(kernel: int, layers: int, channels: int, classes: int | None, seed: int) -> nn.Sequential:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        blocks = [nn.Sequential(nn.Conv2d(3, channels, 5, padding=2), nn.ReLU())]
-        blocks += [nn.Sequential(nn.Conv2d(channels, channels, 5, padding=2), nn.ReLU()) for _ in range(layers)]
+        pad = kernel // 2
+        blocks = [nn.Sequential(nn.Conv2d(3, channels, kernel, padding=pad), nn.ReLU())]
+        blocks += [nn.Sequential(nn.Conv2d(channels, channels, kernel, padding=pad), nn.ReLU()) for _ in range(layers)]
         if classes is not None:
             blocks.append(nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(channels, classes)))
         model = nn.Sequential(*blocks)
@@ -63,6 +77,14 @@ def conv_net(layers: int = 12, channels: int = 32, *, classes: int | None = None
                 if module.bias is not None:  # always: bias=True
                     nn.init.zeros_(module.bias)
     return model
+
+
+def frames(size: int, count: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """The bench's stream: ``count`` batch-1 RGB frames (``count`` x 1 x 3 x ``size`` x ``size``,
+    standard normal) and a random label of ``CLASSES`` for each (``count`` x 1), from ``seed`` alone."""
+    gen = torch.Generator().manual_seed(seed)
+    xs = torch.randn(count, 1, 3, size, size, generator=gen)
+    return xs, torch.randint(0, CLASSES, (count, 1), generator=gen)
 
 
 def sgd(params: Any) -> torch.optim.Optimizer:
@@ -116,10 +138,8 @@ def run_bench(
         "activation_bytes": activation_bytes,
     }
     hops["hop_others_busy"] = others_busy(clocks, cores)
-    gen = torch.Generator().manual_seed(seed)
-    total = warmup + samples + max(depths)  # the tail keeps the draining pipeline out of the timing
-    xs = torch.randn(total, 1, 3, size, size, generator=gen)
-    ys = torch.randint(0, CLASSES, (total, 1), generator=gen)
+    # the tail keeps the draining pipeline out of the timing
+    xs, ys = frames(size, warmup + samples + max(depths), seed)
     rows: list[dict[str, Any]] = []
     for mode in modes:
         learning = mode == "learning"
@@ -187,32 +207,6 @@ def median_ms(stamps: Sequence[float], warmup: int, blocks: int) -> float:
     per_block = [(stamps[b] - stamps[a]) * 1e3 / (b - a) for a, b in itertools.pairwise(cuts)]
     log.debug("ms per sample by block: %s", per_block)
     return statistics.median(per_block)
-
-
-def cpu_clocks() -> tuple[float, float, float] | None:
-    """Now: wall seconds, the machine's busy CPU seconds (every process on it) and this process's
-    with its reaped children's; None where ``/proc/stat`` cannot be read (not Linux)."""
-    try:
-        with open("/proc/stat") as f:
-            user, nice, system, _, _, irq, softirq = (int(v) for v in f.readline().split()[1:8])
-    except (OSError, ValueError):
-        return None
-    mine = os.times()
-    return (
-        time.perf_counter(),
-        (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK"),
-        mine.user + mine.system + mine.children_user + mine.children_system,
-    )
-
-
-def others_busy(start: tuple[float, float, float] | None, cores: int | None = None) -> float | None:
-    """The fraction of the machine's ``cores`` (default: all) that processes other than this one
-    and its reaped children kept busy since ``start`` (from ``cpu_clocks()``); None if unknown."""
-    end = cpu_clocks()
-    if start is None or end is None:
-        return None
-    wall, machine, mine = (b - a for a, b in zip(start, end))
-    return max(0.0, (machine - mine) / (wall * (cores or os.cpu_count() or 1)))
 
 
 def _time_sequential(

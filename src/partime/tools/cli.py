@@ -11,12 +11,8 @@ import click
 from rich.progress import TaskID
 from rich.table import Table
 
-from ..executors import EXECUTORS
-from .report import print_bench, progress_bar, wide_console
-
-DISTRIBUTED_LAYERS = 16
-"""The distributed bench's default number of blocks: at D = 2, stages of about 4.4 ms on the README's 2-core VM
-(the distributed executor's sends between ranks pay off for stages of 4 ms or more)."""
+from .bench_cli import bench
+from .report import progress_bar, wide_console
 
 
 def _depths(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, ...]:
@@ -34,80 +30,7 @@ def main() -> None:
     """partime: a deep network that keeps up with a stream, D stages working at once."""
 
 
-@main.command()
-@click.option(
-    "--executor",
-    type=click.Choice(EXECUTORS),
-    default="process",
-    show_default=True,
-    help="How the pipeline's stages run.",
-)
-@click.option(
-    "--samples",
-    type=click.IntRange(min=5),
-    default=300,
-    show_default=True,
-    help="Samples timed per configuration (after a warm-up of 20).",
-)
-@click.option(
-    "--depths",
-    default="1,2,3,4",
-    show_default=True,
-    callback=_depths,
-    help="Pipeline depths D to time, comma-separated.",
-)
-@click.option("--size", type=click.IntRange(min=1), default=32, show_default=True, help="Frame height and width.")
-@click.option(
-    "--layers",
-    type=click.IntRange(min=1),
-    default=None,
-    help="Convolution blocks after the stem.  [default: 12; 16 with the distributed executor, for "
-    "stages of about 4 ms at D = 2, the size at which its sends between ranks pay off]",
-)
-@click.option(
-    "--json",
-    "json_path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    help="Also write the rows to this JSON file.",
-)
-def bench(
-    executor: str, samples: int, depths: tuple[int, ...], size: int, layers: int | None, json_path: Path | None
-) -> None:
-    """Time streaming inference and online learning, sequential against pipelined."""
-    from .bench import MODES, run_bench
-
-    if layers is None:
-        layers = DISTRIBUTED_LAYERS if executor == "distributed" else 12
-
-    if max(depths) > layers + 1:
-        raise click.BadParameter(
-            f"the model has {layers + 1} layers: depths go up to {layers + 1}, got {max(depths)}", param_hint="--depths"
-        )
-    if executor == "distributed":
-        return _bench_distributed(samples, size, layers, json_path)
-    console = wide_console()
-    with progress_bar(console) as bar:
-        baselines = len({1, os.cpu_count() or 1})  # sequential with one thread and with every core
-        task = bar.add_task("starting", total=1 + len(MODES) * (baselines + len(depths)))
-        started = [False]
-
-        def report(label: str) -> None:
-            if started[0]:
-                bar.advance(task)
-            started[0] = True
-            bar.update(task, description=label)
-
-        rows = run_bench(executor=executor, samples=samples, depths=depths, size=size, layers=layers, progress=report)
-    print_bench(wide_console(), rows, size, layers, samples, json_path)
-
-
-def _bench_distributed(samples: int, size: int, layers: int, json_path: Path | None) -> None:
-    """``partime bench --executor distributed``, run by every rank under torchrun (D = world size)."""
-    from .bench_distributed import bench_distributed
-
-    rows = bench_distributed(samples, size, layers)
-    if rows is not None:  # rank 0; the other ranks served their stages
-        print_bench(wide_console(), rows, size, layers, samples, json_path)
+main.add_command(bench)
 
 
 def _names(value: str, choices: tuple[str, ...], option: str) -> tuple[str, ...]:

@@ -94,3 +94,75 @@ def bench_table(rows: list[dict]) -> Table:
             row.get("partition", ""),
         )
     return table
+
+
+def print_sweep(console: Console, rows: list[dict], json_path: Path | None) -> None:
+    """The rows of ``bench_sweep.run_sweep``: a table per mode, what was measured, and the JSON."""
+    for mode in dict.fromkeys(row["mode"] for row in rows):
+        console.print(sweep_table([row for row in rows if row["mode"] == mode]))
+    first = rows[0]
+    hops = {row["size"]: row for row in rows}.values()
+    console.print(
+        f"{first['cores']} cores; batch-1 frames 3 x size x size; a stem and {first['layers']} blocks of 3x3 conv "
+        f"({first['channels']} channels) + ReLU, and a head when learning; per run {first['samples']} samples timed "
+        f"after {first['warmup']}, median of {first['blocks']} blocks; median over {first['rounds']} rounds that "
+        "alternate the contenders"
+    )
+    console.print(
+        f"hop cost (median, one put + get between processes): 64 KB {first['hop_64kb_us']:.1f} µs; one activation: "
+        + ", ".join(
+            f"{row['size']}x{row['size']} ({row['activation_bytes'] // 1024} KB) {row['hop_activation_us']:.1f} µs"
+            for row in hops
+        )
+    )
+    console.print(
+        "stage ms: the bound of the first pipeline, the slowest stage of its cut timed alone with one thread "
+        "(learning: forward, backward and step; a stash pipeline's stages before the last also run their forward "
+        "again for the backward); latency: from the moment the stream pulls a sample to the moment its result "
+        "comes out, over the timed samples of every round"
+    )
+    busy = max([row.get("hop_others_busy") or 0.0 for row in rows] + [row["others_busy"] or 0.0 for row in rows])
+    if busy > 0.1:
+        console.print(
+            f"[yellow]other processes kept up to {busy:.0%} of the CPUs busy (column 'others'): "
+            "the sizes where they did are skewed; run the bench again on a quiet machine"
+        )
+    if json_path is not None:
+        json_path.write_text(json.dumps(rows, indent=2) + "\n")
+        console.print(f"rows written to {json_path}")
+
+
+def sweep_table(rows: list[dict]) -> Table:
+    """The rows of one mode of ``run_sweep`` as a table, by frame size then contender."""
+    first = rows[0]
+    table = Table(title=f"partime bench, {first['mode']}: median ms per sample over {first['rounds']} rounds")
+    names: tuple[str, ...] = (
+        "frames",
+        "stage ms",
+        "contender",
+        "ms/sample",
+        "× seq 1 thr",
+        "× seq all cores",
+        "÷ bound",
+    )
+    names += ("p50 ms", "p99 ms", "others", "cut")
+    for name in names:
+        table.add_column(name, justify="left" if name in ("contender", "cut") else "right", no_wrap=name != "cut")
+    for row in rows:
+        cut = "" if row.get("balance") is None else str(row["balance"])
+        if row["kind"] == "bound":
+            cut += " alone: " + ", ".join(f"{ms:.2f}" for ms in row["stage_alone_ms"]) + " ms"
+        table.add_row(
+            f"{row['size']}x{row['size']}",
+            f"{row['bound_stage_ms']:.2f}",
+            row["contender"],
+            f"{row['ms_per_sample']:.3f}",
+            f"{row['speedup_vs_seq_1thread']:.2f}",
+            f"{row['speedup_vs_seq_allcores']:.2f}",
+            "" if row.get("ms_over_bound") is None else f"{row['ms_over_bound']:.2f}",
+            f"{row['latency_p50_ms']:.2f}",
+            f"{row['latency_p99_ms']:.2f}",
+            "?" if row["others_busy"] is None else f"{row['others_busy']:.0%}",
+            cut,
+        )
+    return table

@@ -1,0 +1,202 @@
+"""The ``partime bench`` command (a part of the CLI, which prints): one frame size, or a sweep of sizes.
+
+Without ``--sizes`` it runs ``bench.run_bench`` (or, with the distributed executor under torchrun,
+``bench_distributed``); with ``--sizes``, ``bench_sweep.run_sweep``, and draws its figure with
+``--plot``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import click
+from rich.progress import Progress, TaskID
+
+from ..executors import EXECUTORS
+from .bench_sweep import SIZES as SWEEP_SIZES
+from .report import print_bench, print_sweep, progress_bar, wide_console
+
+DISTRIBUTED_LAYERS = 16
+"""The distributed bench's default number of blocks: at D = 2, stages of about 4.4 ms on the README's 2-core VM
+(the distributed executor's sends between ranks pay off for stages of 4 ms or more)."""
+
+
+def _whole_numbers(
+    what: str, example: str
+) -> Callable[[click.Context, click.Parameter, str | None], tuple[int, ...] | None]:
+    """An option's callback: a comma-separated list of ``what`` (whole numbers of at least 1), or None."""
+
+    def parse(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[int, ...] | None:
+        if value is None:
+            return None
+        try:
+            numbers = tuple(int(n) for n in value.split(",") if n.strip())
+        except ValueError:
+            raise click.BadParameter(
+                f"a comma-separated list of whole numbers, e.g. {example}; got {value!r}"
+            ) from None
+        if not numbers or min(numbers) < 1:
+            raise click.BadParameter(f"give one or more {what} of at least 1, got {value!r}")
+        return numbers
+
+    return parse
+
+
+def _advancing(bar: Progress, task: TaskID) -> Callable[[str], None]:
+    """A progress callback that moves ``task`` on by one as each new label begins."""
+    started = [False]
+
+    def report(label: str) -> None:
+        if started[0]:
+            bar.advance(task)
+        started[0] = True
+        bar.update(task, description=label)
+
+    return report
+
+
+@click.command()
+@click.option(
+    "--executor",
+    type=click.Choice(EXECUTORS),
+    default=None,
+    help="How the pipeline's stages run.  [default: process; with --sizes, process and thread]",
+)
+@click.option(
+    "--samples",
+    type=click.IntRange(min=5),
+    default=300,
+    show_default=True,
+    help="Samples timed per configuration (after a warm-up of 20).",
+)
+@click.option(
+    "--depths",
+    default=None,
+    callback=_whole_numbers("depths", "1,2,3,4"),
+    help="Pipeline depths D to time, comma-separated.  [default: 1,2,3,4; 2 with --sizes]",
+)
+@click.option("--size", type=click.IntRange(min=1), default=None, help="Frame height and width.  [default: 32]")
+@click.option(
+    "--sizes",
+    is_flag=False,
+    flag_value=",".join(str(s) for s in SWEEP_SIZES),
+    default=None,
+    callback=_whole_numbers("frame sizes", "12,24,48,96"),
+    help="Sweep these frame sizes (comma-separated) on a stem and 8 blocks (--layers) of 3x3 convolution (24 channels) + "
+    "ReLU: sequential with 1 thread and every core, D replicas, each pipeline executor and its bound (the "
+    "slowest stage alone), interleaved in rounds, with latencies. --sizes alone sweeps "
+    f"{','.join(str(s) for s in SWEEP_SIZES)}: stages of about 0.2 to 5 ms at D = 2 on a 2-core VM.",
+)
+@click.option("--rounds", type=click.IntRange(min=1), default=None, help="Rounds of the --sizes sweep.  [default: 5]")
+@click.option(
+    "--layers",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Convolution blocks after the stem.  [default: 12; 8 with --sizes; 16 with the distributed executor, "
+    "for stages of about 4 ms at D = 2, the size at which its sends between ranks pay off]",
+)
+@click.option(
+    "--json",
+    "json_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Also write the rows to this JSON file.",
+)
+@click.option(
+    "--plot",
+    "plot_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="With --sizes: draw each contender's speed-up against the stage time in this PNG file.",
+)
+def bench(
+    executor: str | None,
+    samples: int,
+    depths: tuple[int, ...] | None,
+    size: int | None,
+    sizes: tuple[int, ...] | None,
+    rounds: int | None,
+    layers: int | None,
+    json_path: Path | None,
+    plot_path: Path | None,
+) -> None:
+    """Time streaming inference and online learning, sequential against pipelined (and, with --sizes,
+    against replicas and the bound, over a sweep of frame sizes)."""
+    from .bench import MODES, run_bench
+
+    if sizes is None:
+        for value, option in ((rounds, "--rounds"), (plot_path, "--plot")):
+            if value is not None:
+                raise click.BadParameter("goes with --sizes only", param_hint=option)
+    elif size is not None:
+        raise click.BadParameter("give --size (one frame size) or --sizes (a sweep), not both", param_hint="--sizes")
+    elif executor == "distributed":
+        raise click.BadParameter(
+            "the sweep runs the process and thread executors; the distributed one benches without --sizes",
+            param_hint="--executor",
+        )
+    if layers is None:
+        layers = 8 if sizes is not None else DISTRIBUTED_LAYERS if executor == "distributed" else 12
+    depths = depths or ((2,) if sizes is not None else (1, 2, 3, 4))
+    if max(depths) > layers + 1:
+        raise click.BadParameter(
+            f"the model has {layers + 1} layers: depths go up to {layers + 1}, got {max(depths)}", param_hint="--depths"
+        )
+    if sizes is not None:
+        return _bench_sweep(sizes, depths, executor, samples, rounds or 5, layers, json_path, plot_path)
+    size, executor = size or 32, executor or "process"
+    if executor == "distributed":
+        return _bench_distributed(samples, size, layers, json_path)
+    console = wide_console()
+    with progress_bar(console) as bar:
+        baselines = len({1, os.cpu_count() or 1})  # sequential with one thread and with every core
+        task = bar.add_task("starting", total=1 + len(MODES) * (baselines + len(depths)))
+        report = _advancing(bar, task)
+        rows = run_bench(executor=executor, samples=samples, depths=depths, size=size, layers=layers, progress=report)
+    print_bench(wide_console(), rows, size, layers, samples, json_path)
+
+
+def _bench_sweep(
+    sizes: tuple[int, ...],
+    depths: tuple[int, ...],
+    executor: str | None,
+    samples: int,
+    rounds: int,
+    layers: int,
+    json_path: Path | None,
+    plot_path: Path | None,
+) -> None:
+    """``partime bench --sizes``: every contender at every size, interleaved; a table per mode."""
+    from .bench import MODES
+    from .bench_plot import plot_sweep
+    from .bench_sweep import PIPELINES, run_sweep, sweep_steps
+
+    pipelines = [kind for kind in PIPELINES if executor in (None, kind.executor)]
+    if not pipelines:
+        choices = ", ".join(dict.fromkeys(kind.executor for kind in PIPELINES))
+        raise click.BadParameter(f"the sweep's pipelines run on {choices}, not {executor}", param_hint="--executor")
+    console = wide_console()
+    with progress_bar(console) as bar:
+        report = _advancing(bar, bar.add_task("starting", total=sweep_steps(sizes, MODES, rounds)))
+        rows = run_sweep(
+            sizes=sizes,
+            depths=depths,
+            pipelines=pipelines,
+            layers=layers,
+            samples=samples,
+            rounds=rounds,
+            progress=report,
+        )
+    print_sweep(console, rows, json_path)
+    if plot_path is not None:
+        plot_sweep(rows, plot_path)
+        console.print(f"plot written to {plot_path}")
+
+
+def _bench_distributed(samples: int, size: int, layers: int, json_path: Path | None) -> None:
+    """``partime bench --executor distributed``, run by every rank under torchrun (D = world size)."""
+    from .bench_distributed import bench_distributed
+
+    rows = bench_distributed(samples, size, layers)
+    if rows is not None:  # rank 0; the other ranks served their stages
+        print_bench(wide_console(), rows, size, layers, samples, json_path)

@@ -1,0 +1,235 @@
+"""The contenders of ``partime bench --sizes``: each way of running one stream, ready to be timed in rounds.
+
+A contender is opened once per frame size and mode (its processes or threads start, a pipeline
+chooses its cut) and then run once per round; a run streams the whole ``Setting`` and returns
+when each sample was offered and when its result was handed out (a ``Timing``). The contenders:
+
+- ``sequential(threads)``: the plain model, one sample at a time, with ``threads`` torch threads;
+- ``replicas(depth)``: ``depth`` copies of the model in as many processes, frames dealt
+  round-robin (``bench_peers.Replicas``; inference only);
+- ``pipeline(kind, depth)``: ``partime.Pipeline`` at ``depth`` stages, as ``kind`` builds it;
+- ``stage_alone(partition, stage)``: one stage of a pipeline's cut, alone in this process, on its
+  own inputs, doing the work of its tick in the pipeline: the bound of that cut is its slowest
+  stage.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ..compensation import check_compensation
+from ..partition import Partition
+from ..pipeline import Pipeline
+from ..stage import Stage, StageConfig
+from .bench import sgd
+from .bench_latency import Offered
+from .bench_peers import Replicas
+
+STAGE_INPUTS = 8
+"""How many distinct inputs a stage alone cycles through (its time does not depend on their values)."""
+
+
+@dataclass(frozen=True)
+class Setting:
+    """What each contender of one size and mode streams: a model, its frames (and targets when
+    learning), and how many results a run times (``results``; the frames go a little further)."""
+
+    model: nn.Sequential
+    xs: Tensor
+    ys: Tensor | None
+    results: int
+
+    @property
+    def learning(self) -> bool:
+        return self.ys is not None
+
+
+@dataclass(frozen=True)
+class Timing:
+    """When each of the ``results`` samples of a run was offered and when its result was handed out."""
+
+    offered_at: list[float]
+    handed_at: list[float]
+
+
+@dataclass(frozen=True)
+class Opened:
+    """An opened contender: ``run()`` streams its setting once; a pipeline has the cut it chose."""
+
+    run: Callable[[], Timing]
+    partition: Partition | None = None
+
+
+@dataclass(frozen=True)
+class Contender:
+    """A way to run the stream: its name in the report, its kind (``sequential``, ``replicas``,
+    ``pipeline`` or ``bound``), its depth (0: one process), the torch threads it computes with,
+    whether it only infers, and how to open it on a ``Setting``."""
+
+    name: str
+    kind: str
+    depth: int
+    threads: int
+    open: Callable[[Setting], AbstractContextManager[Opened]]
+    inference_only: bool = False
+    executor: str | None = None
+
+
+@dataclass(frozen=True)
+class PipelineKind:
+    """How one pipeline contender is built: ``Pipeline(model, balance=D, executor=executor,
+    sample=..., threads=1, **options)`` (``options`` may replace ``balance``)."""
+
+    name: str
+    executor: str
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+@contextmanager
+def torch_threads(threads: int) -> Iterator[None]:
+    """Run the block with ``threads`` torch threads in this thread, then restore the count."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def sequential(threads: int) -> Contender:
+    """The plain model (a copy), one sample at a time, with ``threads`` torch threads."""
+
+    @contextmanager
+    def open_(setting: Setting) -> Iterator[Opened]:
+        model, ys = copy.deepcopy(setting.model), setting.ys
+        loss_fn, optimizer = nn.CrossEntropyLoss(), sgd(model.parameters())
+
+        def one(i: int, x: Tensor) -> None:
+            if ys is None:
+                with torch.no_grad():
+                    model(x)
+            else:
+                optimizer.zero_grad()
+                loss_fn(model(x), ys[i]).backward()
+                optimizer.step()
+
+        def run() -> Timing:
+            with torch_threads(threads):
+                return _time_calls(setting.xs, setting.results, one)
+
+        yield Opened(run)
+
+    plural = "s" if threads > 1 else ""
+    return Contender(f"sequential {threads} thread{plural}", "sequential", 0, threads, open_)
+
+
+def replicas(depth: int) -> Contender:
+    """``depth`` copies of the model in ``depth`` processes of one torch thread each (inference)."""
+
+    @contextmanager
+    def open_(setting: Setting) -> Iterator[Opened]:
+        with torch_threads(1), Replicas(setting.model, depth, setting.xs[0]) as peers:
+            yield Opened(lambda: _time_stream(setting, peers.stream))
+
+    return Contender(f"replicas D={depth}", "replicas", depth, 1, open_, inference_only=True)
+
+
+def pipeline(kind: PipelineKind, depth: int) -> Contender:
+    """``partime.Pipeline`` of ``depth`` stages (one torch thread each) built as ``kind`` says; named
+    by ``kind`` and the depth, or by ``kind`` alone where its options give the balance."""
+
+    @contextmanager
+    def open_(setting: Setting) -> Iterator[Opened]:
+        learning: dict[str, Any] = dict(loss_fn=nn.CrossEntropyLoss(), optimizer=sgd) if setting.learning else {}
+        options = dict(balance=depth, executor=kind.executor, sample=setting.xs[0], threads=1, **learning)
+        # One thread here too: the layers are then profiled as the stages run them, and the
+        # caller, which only copies samples in and results out, leaves the cores to the stages.
+        with torch_threads(1), Pipeline(setting.model, **{**options, **kind.options}) as pipe:
+            if pipe.partition is None:
+                raise RuntimeError(f"pipeline {kind.name!r} has no partition, though it was given a sample")
+            targets = setting.ys
+
+            def stream(offered: Offered[Tensor]) -> Iterator[Any]:
+                return pipe.stream(offered, None if targets is None else iter(targets))
+
+            yield Opened(lambda: _time_stream(setting, stream), pipe.partition)
+
+    name = kind.name if "balance" in kind.options else f"{kind.name} D={depth}"  # its own balance: its own depth
+    return Contender(name, "pipeline", depth, 1, open_, executor=kind.executor)
+
+
+def stage_alone(name: str, partition: Partition, stage: int) -> Contender:
+    """Stage ``stage`` of ``partition`` (a copy of its layers), alone, with one torch thread, doing
+    what that stage does at each tick of the pipeline in a steady stream: partime's own ``Stage``
+    with the pipeline's defaults, a forward per input and, when learning, the product of the
+    gradient of the sample ``2 (D - 1 - stage)`` ticks older (a fixed output gradient; at the last
+    stage, the loss of the sample just run) and the step, with the stashed input's forward run
+    again and the delay's compensation, as in the pipeline."""
+    start, stop = partition.bounds[stage]
+    last, delay = stage == partition.depth - 1, 2 * (partition.depth - 1 - stage)
+
+    @contextmanager
+    def open_(setting: Setting) -> Iterator[Opened]:
+        ys = setting.ys
+        learning: dict[str, Any] = {}
+        if ys is not None:
+            learning = dict(loss_fn=nn.CrossEntropyLoss(), optimizer=sgd, supervised=True)
+        config = StageConfig(partition.depth, compensation=check_compensation("auto"), **learning)
+        alone = Stage(stage, copy.deepcopy(setting.model[start:stop]), config)
+        count = min(STAGE_INPUTS, len(setting.xs))
+        with torch.no_grad():
+            inputs = [setting.model[:start](x) for x in setting.xs[:count]]
+            shape = setting.model[start:stop](inputs[0]).shape
+        grad = torch.randn(shape, generator=torch.Generator().manual_seed(0))
+        ticks = itertools.count()  # the stage's own sample numbers, on across runs
+
+        def one(i: int, x: Tensor) -> None:
+            s = next(ticks)
+            alone.forward(s, x)
+            if ys is None:
+                return
+            if last:
+                alone.learn(s, ys[i])
+            elif s >= delay:
+                alone.backward(s - delay, grad)
+
+        def run() -> Timing:
+            with torch_threads(1):
+                return _time_calls(itertools.islice(itertools.cycle(inputs), setting.results), setting.results, one)
+
+        yield Opened(run)
+
+    return Contender(name, "bound", partition.depth, 1, open_)
+
+
+def _time_calls(items: Iterable[Tensor], results: int, one: Callable[[int, Tensor], None]) -> Timing:
+    """``one(i, item)`` for the first ``results`` items, each offered and handed out in turn."""
+    offered: Offered[Tensor] = Offered(items)
+    handed = []
+    for i, x in zip(range(results), offered):
+        one(i, x)
+        handed.append(time.perf_counter())
+    return Timing(offered.offered_at[:results], handed)
+
+
+def _time_stream(setting: Setting, stream: Callable[[Offered[Tensor]], Iterator[Any]]) -> Timing:
+    """Stream every frame, noting when the first ``setting.results`` results come out; the rest
+    (the tail, which keeps the draining stream out of the timing) is taken untimed."""
+    offered: Offered[Tensor] = Offered(iter(setting.xs))
+    results = stream(offered)
+    handed = []
+    for _ in range(setting.results):
+        next(results)
+        handed.append(time.perf_counter())
+    for _ in results:  # drain: the tail, and every gradient applied, before the next round
+        pass
+    return Timing(offered.offered_at[: setting.results], handed)

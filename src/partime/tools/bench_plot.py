@@ -1,0 +1,62 @@
+"""The figure of ``partime bench --sizes --plot``: each contender's speed-up against the stage time."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from .bench import MODES
+
+
+def plot_sweep(rows: list[dict[str, Any]], path: Path) -> None:
+    """One panel per mode in ``rows`` (those of ``bench_sweep.run_sweep``): for every contender, its
+    speed-up over sequential with one thread against ``bound_stage_ms`` (the slowest stage alone,
+    log scale), one point per frame size; saved to ``path`` (PNG, matplotlib's Agg backend)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullFormatter
+
+    modes = [mode for mode in MODES if any(row["mode"] == mode for row in rows)]
+    if not modes:
+        raise ValueError("no rows to plot")
+    fig, axes = plt.subplots(1, len(modes), figsize=(6.5 * len(modes), 4.8), squeeze=False, sharey=True)
+    styles = {"sequential": ":", "bound": "--"}
+    names = list(dict.fromkeys(row["contender"] for row in rows))
+    colours = {name: f"C{i % 10}" for i, name in enumerate(names)}  # a contender has one colour in every panel
+    for ax, mode in zip(axes[0], modes):
+        series: dict[str, list[tuple[float, float]]] = {}
+        kinds: dict[str, str] = {}
+        for row in rows:
+            if row["mode"] == mode:
+                series.setdefault(row["contender"], []).append((row["bound_stage_ms"], row["speedup_vs_seq_1thread"]))
+                kinds[row["contender"]] = row["kind"]
+        for name, points in series.items():
+            points.sort()
+            ax.plot(
+                [x for x, _ in points],
+                [y for _, y in points],
+                marker="o",
+                linestyle=styles.get(kinds[name], "-"),
+                color=colours[name],
+                label=name,
+            )
+        ax.axhline(1.0, color="grey", linewidth=0.8)
+        ax.set_xscale("log")
+        stage_ms = sorted({x for points in series.values() for x, _ in points})
+        ax.set_xticks(stage_ms, [f"{x:.2g}" for x in stage_ms])  # one tick per frame size
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.set_xlabel("stage time: the slowest stage of the cut, alone (ms)")
+        ax.set_title(mode)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize="small")
+    axes[0][0].set_ylabel("speed-up over sequential, 1 thread")
+    first = rows[0]
+    fig.suptitle(
+        f"partime bench: a stem and {first['layers']} 3x3 convolutions of {first['channels']} channels, "
+        f"batch-1 frames of {', '.join(str(s) for s in sorted({row['size'] for row in rows}))} pixels a side"
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

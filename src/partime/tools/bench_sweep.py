@@ -1,0 +1,281 @@
+"""Every contender over a sweep of frame sizes, interleaved in one run: ``partime bench --sizes``.
+
+For each frame size and mode, every contender (``bench_contenders``) is opened once, then timed
+in ``rounds`` rounds that alternate them; each round starts one contender later than the one
+before, so that none always runs first or right after the same neighbour::
+
+    round 0:  seq 1 | seq all | replicas | process | thread | stage 0 | stage 1
+    round 1:  seq all | replicas | process | thread | stage 0 | stage 1 | seq 1
+    one run:  results  w w … w | block 0 | block 1 | … | block 4 | tail (untimed: the stream drains)
+
+A contender's ``ms_per_sample`` is the median over rounds of the median ms per sample of
+``blocks`` blocks after ``warmup`` results (``bench.median_ms``); its latencies are the
+percentiles over the timed samples of every round (``bench_latency``). The bound of a pipeline
+is the slowest stage of the cut it chose, each stage of that cut timed alone in the same rounds.
+It returns rows (dicts); printing and plotting are the CLI's job.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import statistics
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack
+from typing import Any
+
+from ..malloc import keep_freed_memory
+from ..partition import Partition
+from .bench import CLASSES, MODES, Progress, conv3_net, frames, median_ms
+from .bench_clocks import cpu_clocks, others_busy
+from .bench_contenders import (
+    Contender,
+    Opened,
+    PipelineKind,
+    Setting,
+    Timing,
+    pipeline,
+    replicas,
+    sequential,
+    stage_alone,
+)
+from .bench_latency import latencies
+from .hop import measure_hop
+
+log = logging.getLogger(__name__)
+
+SIZES = (12, 24, 48, 96)
+"""The default sweep of frame sizes: with the default ``conv3_net``, stages of about 0.2 ms to about
+5 ms at D = 2 on a 2-core VM (96x96 frames: activations of 880 KB)."""
+
+DEPTHS = (2,)
+"""The default pipeline depths (and number of replicas) of the sweep."""
+
+PIPELINES = (
+    PipelineKind("process", "process"),
+    PipelineKind("thread", "thread"),
+    PipelineKind("process auto", "process", {"balance": "auto"}),
+)
+"""The pipeline contenders, in the order of the report (one more is one more line here): each
+executor at each depth of the sweep, and the process executor with ``balance="auto"``, which
+chooses its depth (up to the cores) and falls back to the model alone where no pipeline is faster."""
+
+
+def contenders(depths: Sequence[int], cores: int, pipelines: Sequence[PipelineKind] = PIPELINES) -> list[Contender]:
+    """Sequential with one torch thread and with ``cores``, then at each depth the replicas and
+    each pipeline of ``pipelines`` (the bounds are added once the pipelines have chosen their cuts)."""
+    chosen = [sequential(threads) for threads in sorted({1, cores})]
+    for depth in depths:
+        chosen.append(replicas(depth))
+        # a pipeline that is given its own balance (as "auto") is the same at every depth: once
+        chosen += [pipeline(kind, depth) for kind in pipelines if "balance" not in kind.options or depth == depths[0]]
+    return chosen
+
+
+def sweep_steps(sizes: Sequence[int], modes: Sequence[str], rounds: int) -> int:
+    """How many times ``run_sweep`` calls its ``progress`` (for a progress bar's total)."""
+    return 1 + len(sizes) * (1 + len(modes) * (1 + rounds))
+
+
+def round_order(names: Sequence[str], rounds: int) -> Iterator[list[str]]:
+    """The order of ``names`` in each of ``rounds`` rounds: each round starts one name later."""
+    for r in range(rounds):
+        start = r % len(names)
+        yield [*names[start:], *names[:start]]
+
+
+def run_sweep(
+    *,
+    sizes: Sequence[int] = SIZES,
+    depths: Sequence[int] = DEPTHS,
+    pipelines: Sequence[PipelineKind] = PIPELINES,
+    layers: int = 8,
+    channels: int = 24,
+    modes: Sequence[str] = MODES,
+    samples: int = 300,
+    warmup: int = 20,
+    blocks: int = 5,
+    rounds: int = 5,
+    seed: int = 0,
+    progress: Progress | None = None,
+) -> list[dict[str, Any]]:
+    """One row per size, mode and contender, on ``conv3_net(layers, channels)`` (with a head of
+    ``CLASSES`` logits when learning) and the same seeded frames (batch 1, 3 x size x size).
+
+    Every row has the contender's ``ms_per_sample`` (and ``ms_per_round``), ``latency_p50_ms`` and
+    ``latency_p99_ms``, its speed-ups over sequential with one thread and with every core,
+    ``bound_stage_ms`` (the bound of the first pipeline at the first depth: the x of the plot),
+    the per-hop cost of 64 KB and of one activation, and ``others_busy`` (the fraction of the
+    CPUs that other processes kept busy during the interleaved run of its size and mode). A
+    pipeline row has its cut (``partition``, ``balance``, the predicted ``stage_ms``) and
+    ``bound_ms``, ``ms_over_bound``; a bound row has ``stage_alone_ms`` and ``slowest_stage``.
+    """
+    # Every contender computes with the allocator partime gives its stages (``malloc.py``): the
+    # sequential model too, and the replicas, rather than a sequential model taxed by page faults.
+    keep_freed_memory()
+    bad = [m for m in modes if m not in MODES]
+    if bad or not modes:
+        raise ValueError(f"unknown modes {bad}; choose from {', '.join(MODES)}")
+    if samples < blocks or blocks < 1 or warmup < 0 or rounds < 1:
+        raise ValueError(
+            f"need samples >= blocks >= 1, warmup >= 0 and rounds >= 1, "
+            f"got samples={samples}, blocks={blocks}, warmup={warmup}, rounds={rounds}"
+        )
+    if not sizes or min(sizes) < 1:
+        raise ValueError(f"give one or more frame sizes of at least 1, got {list(sizes)}")
+    if not depths or any(d < 1 or d > layers + 1 for d in depths):
+        raise ValueError(f"depths must be from 1 to layers + 1 = {layers + 1}, got {list(depths)}")
+    if not pipelines:
+        raise ValueError("give at least one pipeline contender")
+    report = progress or (lambda label: None)
+    cores = os.cpu_count() or 1
+    chosen = contenders(depths, cores, pipelines)
+    report("hop cost of 64 KB")
+    common: dict[str, Any] = dict(
+        model="conv3_net", layers=layers, channels=channels, samples=samples, warmup=warmup, blocks=blocks
+    )
+    common.update(rounds=rounds, cores=cores, hop_64kb_us=measure_hop(65536)["hop_us_median"])
+    rows: list[dict[str, Any]] = []
+    for size in sizes:
+        report(f"{size}x{size}: hop cost of one activation")
+        activation_bytes = channels * size * size * 4
+        clocks = cpu_clocks()
+        hop = measure_hop(activation_bytes)["hop_us_median"]
+        at_size: dict[str, Any] = dict(size=size, activation_bytes=activation_bytes, hop_activation_us=hop)
+        at_size["hop_others_busy"] = others_busy(clocks, cores)
+        # the tail keeps the draining streams out of the timing: replicas pull up to 2 D - 1 ahead
+        xs, ys = frames(size, warmup + samples + 1 + 2 * max(depths) + 2, seed)
+        for mode in modes:
+            learning = mode == "learning"
+            model = conv3_net(layers, channels, classes=CLASSES if learning else None, seed=seed)
+            setting = Setting(model, xs, ys if learning else None, warmup + samples + 1)
+            label = f"{size}x{size} {mode}"
+            clocks = cpu_clocks()
+            mine = [c for c in chosen if not (learning and c.inference_only)]
+            found = _interleaved(setting, mine, rounds, (warmup, blocks), label, report)
+            busy = others_busy(clocks, cores)
+            found = [dict(mode=mode, **at_size, **common, **row, others_busy=busy) for row in found]
+            rows += _compared(found, cores)
+    return rows
+
+
+def _interleaved(
+    setting: Setting,
+    chosen: list[Contender],
+    rounds: int,
+    timing: tuple[int, int],
+    label: str,
+    report: Progress,
+) -> list[dict[str, Any]]:
+    """Open every contender and the stages of each distinct cut, time them in alternating rounds,
+    and return a row per contender and per bound (before the comparisons); ``timing`` is
+    ``(warmup, blocks)``. Every contender is closed on leaving, also on an error."""
+    with ExitStack() as stack:
+        report(f"{label}: starting {len(chosen)} contenders")
+        opened: dict[str, Opened] = {c.name: stack.enter_context(c.open(setting)) for c in chosen}
+        bounds = _bounds(chosen, opened)
+        for _, stages in bounds.values():
+            opened.update((s.name, stack.enter_context(s.open(setting))) for s in stages)
+        runs: dict[str, list[Timing]] = {name: [] for name in opened}
+        for r, order in enumerate(round_order(list(opened), rounds)):
+            report(f"{label}: round {r + 1} of {rounds}")
+            for name in order:
+                runs[name].append(opened[name].run())
+        partitions = {name: o.partition for name, o in opened.items() if o.partition is not None}
+    return _rows(chosen, bounds, partitions, {name: _figures(timings, *timing) for name, timings in runs.items()})
+
+
+Bounds = dict[str, tuple[Partition, list[Contender]]]
+"""The bound of each distinct cut the pipelines chose, by its name: the cut and its stages alone."""
+
+
+def _bounds(chosen: list[Contender], opened: dict[str, Opened]) -> Bounds:
+    """The bound of each distinct cut that the opened pipelines of ``chosen`` chose."""
+    bounds: Bounds = {}
+    seen: dict[tuple[int, ...], str] = {}
+    for c in chosen:
+        partition = opened[c.name].partition
+        if c.kind != "pipeline" or partition is None or partition.balance in seen:
+            continue
+        name = f"bound D={partition.depth}"
+        if name in bounds:  # another cut at this depth: name it by the pipeline that chose it
+            name += f" ({c.name})"
+        seen[partition.balance] = name
+        bounds[name] = (partition, [stage_alone(f"{name}: stage {i}", partition, i) for i in range(partition.depth)])
+    return bounds
+
+
+def _rows(
+    chosen: list[Contender], bounds: Bounds, partitions: dict[str, Partition], figures: dict[str, dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """A row per contender, then one per bound; a pipeline's row names its bound."""
+    bound_rows, bound_of = [], {}
+    for name, (partition, stages) in bounds.items():
+        alone = [figures[s.name] for s in stages]
+        slowest = max(range(len(alone)), key=lambda i: alone[i]["ms_per_sample"])
+        bound_of[partition.balance] = name, alone[slowest]["ms_per_sample"]
+        bound_rows.append(
+            dict(
+                contender=name,
+                kind="bound",
+                depth=partition.depth,
+                threads=1,
+                executor=None,
+                **alone[slowest],
+                partition=str(partition),
+                balance=list(partition.balance),
+                stage_alone_ms=[f["ms_per_sample"] for f in alone],
+                slowest_stage=slowest,
+                pipelines=[
+                    c.name for c in chosen if c.name in partitions and partitions[c.name].balance == partition.balance
+                ],
+            )
+        )
+    contender_rows = []
+    for c in chosen:
+        row = dict(contender=c.name, kind=c.kind, depth=c.depth, threads=c.threads, executor=c.executor)
+        row.update(figures[c.name])
+        cut = partitions.get(c.name)
+        if cut is not None:
+            times = cut.stage_times
+            bound, bound_ms = bound_of[cut.balance]
+            row.update(
+                depth=cut.depth,  # as many stages as it chose (balance="auto" chooses the depth too)
+                partition=str(cut),
+                balance=list(cut.balance),
+                stage_ms=None if times is None else [t * 1e3 for t in times],
+                max_stage_ms=None if times is None else max(times) * 1e3,
+                bound=bound,
+                bound_ms=bound_ms,
+                ms_over_bound=row["ms_per_sample"] / bound_ms,
+            )
+        contender_rows.append(row)
+    return contender_rows + bound_rows
+
+
+def _compared(rows: list[dict[str, Any]], cores: int) -> list[dict[str, Any]]:
+    """The rows of one size and mode, each with its speed-ups and the size's ``bound_stage_ms``."""
+    base = {row["threads"]: row["ms_per_sample"] for row in rows if row["kind"] == "sequential"}
+    stage_ms = next(row["ms_per_sample"] for row in rows if row["kind"] == "bound")
+    for row in rows:
+        row.update(
+            speedup_vs_seq_1thread=base[1] / row["ms_per_sample"],
+            speedup_vs_seq_allcores=base[cores] / row["ms_per_sample"],
+            bound_stage_ms=stage_ms,
+        )
+    return rows
+
+
+def _figures(timings: list[Timing], warmup: int, blocks: int) -> dict[str, Any]:
+    """A contender's figures from its runs, one per round: see the module."""
+    per_round = [median_ms(t.handed_at, warmup, blocks) for t in timings]
+    timed = slice(warmup + 1, None)  # the samples whose results were handed out in the timed blocks
+    wait = latencies(
+        [o for t in timings for o in t.offered_at[timed]], [h for t in timings for h in t.handed_at[timed]]
+    )
+    return dict(
+        ms_per_sample=statistics.median(per_round),
+        ms_per_round=per_round,
+        latency_p50_ms=wait["p50_ms"],
+        latency_p99_ms=wait["p99_ms"],
+    )

@@ -1,0 +1,159 @@
+"""``partime bench --sizes``: latencies on a fake clock, the replicas peer, the order of the rounds, and a
+tiny sweep through the CLI (what it reports, not how fast)."""
+
+import itertools
+import json
+import math
+import os
+import time
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+from click.testing import CliRunner
+from torch import nn
+
+from partime.tools import bench_latency
+from partime.tools.bench import conv3_net
+from partime.tools.bench_latency import Offered, latencies, percentile
+from partime.tools.bench_peers import ReplicaError, Replicas
+from partime.tools.bench_sweep import round_order
+from partime.tools.cli import main
+
+
+def finite_positive(x):
+    return isinstance(x, (int, float)) and math.isfinite(x) and x > 0
+
+
+def test_latencies_on_a_fake_clock_are_the_nearest_rank_percentiles(monkeypatch):
+    clock = itertools.count()  # whole seconds: every latency is exact in milliseconds
+    monkeypatch.setattr(bench_latency.time, "perf_counter", lambda: float(next(clock)))
+    offered = Offered(range(4))
+    handed_at, held = [], []
+    # the stream pulls 0 (t=0), 1 (t=1), hands out 0 (t=2), pulls 2 (t=3), 3 (t=4), hands out 1, 2, 3 (t=5, 6, 7)
+    held += [next(offered), next(offered)]
+    handed_at.append(float(next(clock)))
+    held += [next(offered), next(offered)]
+    handed_at += [float(next(clock)) for _ in range(3)]
+    assert held == [0, 1, 2, 3] and offered.offered_at == [0.0, 1.0, 3.0, 4.0]
+    # latencies 2, 4, 3, 3 s: p50 is the 2nd smallest of 4, p99 the largest
+    assert latencies(offered.offered_at, handed_at) == {"p50_ms": 3000.0, "p99_ms": 4000.0}
+
+
+def test_percentiles_of_a_hundred_latencies():
+    waits = [float(w) for w in range(100, 0, -1)]  # 100 ... 1 s, offered all at 0
+    assert latencies([0.0] * 100, waits) == {"p50_ms": 50_000.0, "p99_ms": 99_000.0}
+    assert percentile([5.0], 99) == 5.0 and percentile([1.0, 2.0, 3.0], 50) == 2.0
+
+
+def test_latencies_refuse_what_cannot_be_latencies():
+    with pytest.raises(ValueError, match="2 offered, 1 handed"):
+        latencies([0.0, 1.0], [2.0])
+    with pytest.raises(ValueError, match="before their samples were offered: samples \\[1\\]"):
+        latencies([0.0, 5.0], [1.0, 4.0])
+
+
+def test_replicas_hand_out_the_models_own_outputs_in_order():
+    model = conv3_net(2, 8)
+    xs = torch.randn(7, 1, 3, 8, 8, generator=torch.Generator().manual_seed(1))  # not a multiple of the copies
+    with torch.no_grad():
+        expected = [model(x) for x in xs]
+    with Replicas(model, 2, xs[0]) as replicas:
+        for _ in range(2):  # a second stream starts where the first left the replicas: empty
+            outputs = list(replicas.stream(iter(xs)))
+            assert len(outputs) == len(xs)
+            for got, want in zip(outputs, expected, strict=True):
+                torch.testing.assert_close(got, want, rtol=0, atol=0)
+        for i, _ in enumerate(replicas.stream(iter(xs))):
+            if i == 1:
+                break  # the results in flight are dropped: the next stream is still in order
+        torch.testing.assert_close(next(replicas.stream(iter(xs[3:]))), expected[3], rtol=0, atol=0)
+    assert mp.active_children() == []  # every worker stopped and joined
+
+
+def test_a_failing_replica_raises_with_its_sample_and_traceback():
+    class FailsOnLargeFrames(nn.Module):
+        def forward(self, x):
+            if x.abs().max() > 100:
+                raise ValueError("this frame is too bright")
+            return x * 2
+
+    xs = torch.ones(6, 1, 4)
+    xs[3] *= 1000
+    with pytest.raises(ReplicaError, match="(?s)replica 1, sample 3 failed.*this frame is too bright"):
+        with Replicas(FailsOnLargeFrames(), 2, xs[0]) as replicas:
+            list(replicas.stream(iter(xs)))
+    assert mp.active_children() == []
+
+
+def test_a_replica_that_does_not_answer_in_time_is_an_error():
+    class SlowOnLargeFrames(nn.Module):
+        def forward(self, x):
+            if x.abs().max() > 100:
+                time.sleep(1.5)
+            return x * 2
+
+    xs = torch.ones(3, 1, 4)
+    xs[1] *= 1000
+    with pytest.raises(ReplicaError, match="replica 0 gave no result for sample 1 within 0.3 s"):
+        with Replicas(SlowOnLargeFrames(), 1, xs[0], timeout=0.3) as replicas:
+            list(replicas.stream(iter(xs)))
+    assert mp.active_children() == []
+
+
+def test_each_round_starts_one_contender_later():
+    assert list(round_order(["a", "b", "c"], 4)) == [["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"], ["a", "b", "c"]]
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    """One tiny sweep through the CLI, with its JSON and its plot."""
+    out = tmp_path_factory.mktemp("sweep")
+    args = ["bench", "--sizes", "8,12", "--samples", "5", "--rounds", "1", "--json", str(out / "sweep.json")]
+    result = CliRunner().invoke(main, [*args, "--plot", str(out / "sweep.png")])
+    assert result.exit_code == 0, result.output
+    return result.output, json.loads((out / "sweep.json").read_text()), out / "sweep.png"
+
+
+def test_the_sweep_reports_every_contender_at_every_size(sweep):
+    output, rows, _ = sweep
+    assert "partime bench, inference" in output and "partime bench, learning" in output
+    cores = os.cpu_count() or 1
+    sequential = {"sequential 1 thread"} | ({f"sequential {cores} threads"} if cores > 1 else set())
+    for size in (8, 12):
+        for mode in ("inference", "learning"):
+            found = {r["contender"]: r for r in rows if r["size"] == size and r["mode"] == mode}
+            expected = sequential | {"process D=2", "thread D=2", "process auto", "bound D=2"}
+            if mode == "inference":
+                expected.add("replicas D=2")  # replicas do not learn
+            assert expected <= found.keys() and len(bounds := [r for r in found.values() if r["kind"] == "bound"]) >= 1
+            assert found.keys() - expected <= {r["contender"] for r in bounds}, found.keys()  # another cut's bound
+            for row in found.values():
+                for key in (
+                    "ms_per_sample",
+                    "latency_p50_ms",
+                    "latency_p99_ms",
+                    "speedup_vs_seq_1thread",
+                    "speedup_vs_seq_allcores",
+                    "bound_stage_ms",
+                    "hop_64kb_us",
+                    "hop_activation_us",
+                ):
+                    assert finite_positive(row[key]), (key, row)
+                assert row["latency_p50_ms"] <= row["latency_p99_ms"]
+                assert row["samples"] == 5 and row["rounds"] == 1 and len(row["ms_per_round"]) == 1
+            assert found["sequential 1 thread"]["speedup_vs_seq_1thread"] == 1.0
+            for name in ("process D=2", "thread D=2"):
+                pipe = found[name]
+                assert len(pipe["balance"]) == 2 and sum(pipe["balance"]) == 9 + (mode == "learning")
+                bound = found[pipe["bound"]]
+                assert bound["balance"] == pipe["balance"] and name in bound["pipelines"]
+                assert pipe["bound_ms"] == bound["ms_per_sample"] == max(bound["stage_alone_ms"])
+                assert pipe["ms_over_bound"] == pipe["ms_per_sample"] / pipe["bound_ms"]
+            assert found["sequential 1 thread"]["bound_stage_ms"] == bounds[0]["ms_per_sample"]
+            assert {r["activation_bytes"] for r in found.values()} == {24 * size * size * 4}
+
+
+def test_the_sweep_draws_its_plot(sweep):
+    _, _, png = sweep
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
