@@ -51,7 +51,7 @@ BLOCKS = 5
 
 def arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sizes", default="12,24,48,96", help="frame sizes, comma-separated (default: %(default)s)")
+    parser.add_argument("--sizes", default="12,24,48,72,96", help="frame sizes, comma-separated (default: %(default)s)")
     parser.add_argument("--microbatches", default="4,8,32", help="microbatches per batch M (default: %(default)s)")
     parser.add_argument("--samples", type=int, default=300, help="frames timed per figure (default: %(default)s)")
     parser.add_argument("--warmup", type=int, default=20, help="frames before the timing (default: %(default)s)")

@@ -83,7 +83,7 @@ def _advancing(bar: Progress, task: TaskID) -> Callable[[str], None]:
     is_flag=False,
     flag_value=",".join(str(s) for s in SWEEP_SIZES),
     default=None,
-    callback=_whole_numbers("frame sizes", "12,24,48,96"),
+    callback=_whole_numbers("frame sizes", "12,24,48,72,96"),
     help="Sweep these frame sizes (comma-separated) on a stem and 8 blocks (--layers) of 3x3 convolution (24 channels) + "
     "ReLU: sequential with 1 thread and every core, D replicas, each pipeline executor and its bound (the "
     "slowest stage alone), interleaved in rounds, with latencies. --sizes alone sweeps "
