@@ -26,7 +26,7 @@ test: check
 	$(BIN)/python -m pytest -q
 
 bench: $(STAMP)
-	$(BIN)/partime bench
+	$(BIN)/partime bench --sizes
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info
