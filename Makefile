@@ -18,8 +18,8 @@ demo: $(STAMP)
 	$(BIN)/partime demo
 
 check: $(STAMP)
-	$(BIN)/ruff check src tests examples docs
-	$(BIN)/ruff format --check src tests examples docs
+	$(BIN)/ruff check src tests examples docs benchmarks
+	$(BIN)/ruff format --check src tests examples docs benchmarks
 	$(BIN)/mypy
 
 test: check

@@ -22,10 +22,26 @@ def test_the_first_example_runs(tmp_path):
     assert len(lines) == 100
 
 
+def test_the_traced_models_section_runs(tmp_path):
+    """The python blocks of "Any module: traced models", one after another, as one script."""
+    section = README.read_text().split("### Any module: traced models\n", 1)[1]
+    section = re.split(r"^##", section, maxsplit=1, flags=re.MULTILINE)[0]
+    script = tmp_path / "traced.py"
+    script.write_text("\n".join(re.findall(r"```python\n(.*?)```", section, re.DOTALL)))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("2 stages: [") and any(line.startswith("  stage 0 -> 1: ") for line in lines)
+    assert lines[-3:] == [
+        "(('down', 'relu', 'pool'), ('mid', 'relu_1', 'up', 'cat', 'out'))",
+        "stage 0 -> 1: 2 tensors, 10240 bytes: relu (1, 8, 16, 16) float32, pool (1, 8, 8, 8) float32",
+        "[(1, 8), (1, 8), (1, 8)]",
+    ]
+
+
 # Where the users' copy of the contract may differ from shared/SPEC.md, and why: the contract covers
 # features before they are built, and the copy grows with the feature that implements it.
 SPEC_DIFFERENCES = {
-    "Names": "traced models (any nn.Module) are not built yet: the copy says nn.Sequential",
     "Learning: loss and backward": "stash is the default grad mode (README, Learning with delay)",
 }
 SPEC_PENDING = {"Live sources (`when_behind`)": "not built yet"}

@@ -1,7 +1,9 @@
-"""``Pipeline``: an ``nn.Sequential`` cut into stages that work at once on a stream.
+"""``Pipeline``: a model cut into stages that work at once on a stream.
 
-The pipeline checks what it is given, learns the layout of every boundary from the first sample,
-counts ticks and samples, and leaves the running of the stages to its executor.
+The model is an ``nn.Sequential``, cut between its children, or any module whose forward torch.fx
+can trace, cut between the nodes of its graph (``partime.traced``). The pipeline checks what it is
+given, learns the layout of every boundary from the first sample, counts ticks and samples, and
+leaves the running of the stages to its executor.
 """
 
 from __future__ import annotations
@@ -33,6 +35,9 @@ from .skips import SKIP_WINDOW as SKIP_WINDOW  # noqa: PLC0414
 from .skips import SkipWatch
 from .stage import LossFn, OptimizerFactory, StageConfig, takes_target
 from .state import PipelineState
+from .traced import boundary_specs, layers_of
+from .traced_partition import describe
+from .values import ValueSpec
 
 _MISSING = object()
 
@@ -43,6 +48,11 @@ stream (and than a worker's start), short enough that an unattended run does not
 
 class Pipeline(Checkpointing):
     """``model`` cut into ``balance`` stages that run at once, each on its own sample.
+
+    ``model`` is an ``nn.Sequential``, whose layers are its children, or any other module whose
+    forward torch.fx can trace, whose layers are the computing nodes of its graph, in order (see
+    ``partime.traced``: what crosses a cut is every value computed before it and used after it;
+    what cannot be traced is refused with a TypeError naming the node or line, and the fix).
 
     ``balance`` is a list of layers per stage, or a number of stages D: then each layer is timed on
     ``sample`` (or the first streamed sample), with what each boundary between stages costs per
@@ -105,7 +115,7 @@ class Pipeline(Checkpointing):
 
     def __init__(
         self,
-        model: nn.Sequential,
+        model: nn.Module,
         balance: Balance,
         *,
         devices: Sequence[str | torch.device] | None = None,
@@ -122,8 +132,15 @@ class Pipeline(Checkpointing):
         self._pid = os.getpid()
         self._status = "new"  # new -> open -> closed
         self._executor = None
+        # the pipeline's own copy: the caller's model is never changed
+        self._root = copy.deepcopy(model) if isinstance(model, nn.Module) else model
+        layers = layers_of(self._root)  # the copy itself, or its traced graph's segments
+        # a traced model's boundaries, shown by the sample: a value that cannot cross a cut fails here
+        self._specs: tuple[ValueSpec, ...] | None = None
+        if layers is not self._root and sample is not None:
+            self._specs = boundary_specs(layers, sample)
         args = check_arguments(
-            model,
+            layers,
             balance,
             devices=devices,
             executor=executor,
@@ -140,7 +157,7 @@ class Pipeline(Checkpointing):
         self._devices = args.devices
         self._timeout = args.timeout
         self._threads = args.threads
-        self._model = copy.deepcopy(model)  # the pipeline's own: the caller's model is never changed
+        self._model = layers
         # "auto" chose its depth: from here on as balance=D (a checkpoint may have another cut of D)
         self._balance = args.depth if isinstance(balance, str) else balance
         self._config = StageConfig(
@@ -169,22 +186,34 @@ class Pipeline(Checkpointing):
         """Layers per stage and, when balanced by timing, the predictions: each stage's time per
         sample (``predicted_times``: compute plus hop), the pipeline's (``predicted_time``, its
         slowest stage), the ``bound`` (the slowest compute, hops free) and the ``sequential_time``;
-        ``print(pipe.partition.summary())`` shows them.
+        ``print(pipe.partition.summary())`` shows them. For a traced model it is a
+        ``partime.traced_partition.TracedPartition``: also the nodes of each stage
+        (``stage_nodes``) and what crosses each boundary (``boundaries``: the values' names and,
+        once ``sample=`` or the first sample has shown them, their shapes and bytes).
 
         None while ``balance`` is a number of stages and no sample has been seen.
         """
-        return self._partition
+        if self._partition is None:
+            return None
+        specs: Sequence[ValueSpec | None] | None = self._specs
+        layout = self._state.layout
+        if specs is None and layout is not None:  # what the first sample showed at each boundary
+            found = dict(zip((stop for _, stop in self._partition.bounds[:-1]), layout.activations))
+            specs = [found.get(k) for k in range(1, len(self._model))]
+        return describe(self._partition, self._model, specs)
 
     @property
-    def module(self) -> nn.Sequential:
-        """A copy of the model with every stage's weights as they are now, between ticks.
+    def module(self) -> nn.Module:
+        """A copy of the model, of the type given, with every stage's weights as they are now,
+        between ticks (for a traced model, a copy of the pipeline's own copy of the module given,
+        whose submodules the stages train).
 
         The pipeline trains a copy of the model it was given (which stays as it was): to train
         that one, ``model.load_state_dict(pipe.module.state_dict())``.
         """
         if self._executor is not None and self._status == "open":
             self._guard(self._executor.sync)
-        return copy.deepcopy(self._model)
+        return copy.deepcopy(self._root)
 
     @property
     def fed(self) -> int:

@@ -6,7 +6,10 @@ update of one tensor, so no cut may separate them: ``tied_cuts`` says which cut 
 forbidden and, for each, the ``Tie`` it would break; ``check_ties`` refuses a balance that makes
 one of them. Its ValueError names the tensor as each child holds it, the layers and both stages
 it would fall into, and a balance that keeps them together (or, for a number of stages, the most
-stages that can).
+stages that can). In a traced model (``partime.traced``) the children are the graph's nodes, and
+two of them share a tensor where both use one parameter or buffer (a module called twice, tied
+weights, a parameter of the model read by two nodes): the message names the tensor as the traced
+module does and the nodes that use it.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from dataclasses import dataclass
 
 from torch import nn
 
+from partime.traced_segment import Segment
+
 
 @dataclass(frozen=True)
 class Tie:
@@ -26,7 +31,9 @@ class Tie:
     ``kind`` is "parameter" or "buffer"; ``first < second`` are the two children's indices, and
     ``first_name`` / ``second_name`` the tensor's name in the model as each child holds it, as
     ``model.named_parameters(remove_duplicate=False)`` (or ``named_buffers``) calls it there,
-    e.g. "0.weight" and "2.weight".
+    e.g. "0.weight" and "2.weight". In a traced model (its children are ``Segment`` layers) they
+    are the tensor's names in the module that was traced, e.g. "embed.weight", and ``first_node``
+    / ``second_node`` name the nodes that use it.
     """
 
     kind: str
@@ -34,6 +41,8 @@ class Tie:
     first_name: str
     second: int
     second_name: str
+    first_node: str | None = None
+    second_node: str | None = None
 
 
 def tied_cuts(model: nn.Sequential) -> dict[int, Tie]:
@@ -47,21 +56,23 @@ def tied_cuts(model: nn.Sequential) -> dict[int, Tie]:
     order; a tensor held by three or more children ties each holder to the next.
     """
     holders: dict[int, list[tuple[int, str, str]]] = {}  # id(tensor) -> (child, name, kind)
+    nodes = _nodes(model)
     # _modules rather than named_children(): the latter skips a module that appears twice.
     for k, (key, child) in enumerate(model._modules.items()):
         if child is None:
             continue
         seen: set[int] = set()
+        prefix = "" if nodes else key  # a segment holds the tensors under the traced module's names
         named = itertools.chain(
-            (("parameter", name, t) for name, t in child.named_parameters(key, remove_duplicate=False)),
-            (("buffer", name, t) for name, t in child.named_buffers(key, remove_duplicate=False)),
+            (("parameter", name, t) for name, t in child.named_parameters(prefix, remove_duplicate=False)),
+            (("buffer", name, t) for name, t in child.named_buffers(prefix, remove_duplicate=False)),
         )
         for kind, name, t in named:
             if id(t) not in seen:  # the first name of a tensor a child holds twice
                 seen.add(id(t))
                 holders.setdefault(id(t), []).append((k, name, kind))
     ties = [
-        Tie(kind, i, first_name, j, second_name)
+        Tie(kind, i, first_name, j, second_name, *((nodes[i], nodes[j]) if nodes else ()))
         for held in holders.values()
         for (i, first_name, kind), (j, second_name, _) in itertools.pairwise(held)
     ]
@@ -84,15 +95,24 @@ def check_ties(model: nn.Sequential, balance: int | Sequence[int]) -> None:
     """
     n = len(model)
     ties = tied_cuts(model)
+    nodes = _nodes(model)
     if not isinstance(balance, Sequence):
         if balance > n - len(ties):
-            raise ValueError(_too_tied(n, int(balance), ties))
+            raise ValueError(_too_tied(n, int(balance), ties, nodes))
         return
     layers = [int(b) for b in balance]
     cuts = list(itertools.accumulate(layers[:-1]))
     cut = next((c for c in cuts if c in ties), None)
     if cut is not None:
-        raise ValueError(_cuts_a_tie(n, layers, cut, ties))
+        raise ValueError(_cuts_a_tie(n, layers, cut, ties, nodes))
+
+
+def _nodes(model: nn.Sequential) -> list[str] | None:
+    """The node of each child, if ``model`` is a traced model's layers (``partime.traced``); else None."""
+    children = list(model._modules.values())
+    if not children or not all(isinstance(child, Segment) for child in children):
+        return None
+    return [child.node for child in children if isinstance(child, Segment)]
 
 
 def _balance(cuts: Sequence[int], n: int) -> list[int]:
@@ -120,8 +140,22 @@ def _nearest_cuts(cuts: Sequence[int], allowed: Sequence[int]) -> tuple[int, ...
 
 
 def _tie_text(tie: Tie, stages: Sequence[int] = ()) -> str:
-    where = [f" (stage {s})" for s in stages] or ["", ""]
-    return f'"{tie.first_name}" of layer {tie.first}{where[0]} is "{tie.second_name}" of layer {tie.second}{where[1]}'
+    if tie.first_node is None:
+        where = [f" (stage {s})" for s in stages] or ["", ""]
+        return (
+            f'"{tie.first_name}" of layer {tie.first}{where[0]} is "{tie.second_name}" of layer {tie.second}{where[1]}'
+        )
+    at = [f", stage {s}" for s in stages] or ["", ""]
+    first = f"node {tie.first_node} (layer {tie.first}{at[0]})"
+    second = f"node {tie.second_node} (layer {tie.second}{at[1]})"
+    if tie.first_name == tie.second_name:  # one module that two nodes call
+        return f'"{tie.first_name}" is used by {first} and by {second}'
+    return f'"{tie.first_name}" of {first} is "{tie.second_name}" of {second}'
+
+
+def _layers(start: int, last: int, nodes: Sequence[str] | None) -> str:
+    """Layers ``start`` to ``last``, in words; with the nodes they compute, for a traced model."""
+    return f"layers {start} to {last}" + ("" if nodes is None else f" (nodes {nodes[start]} to {nodes[last]})")
 
 
 def _block(n: int, cut: int, ties: Collection[int]) -> tuple[int, int]:
@@ -131,7 +165,7 @@ def _block(n: int, cut: int, ties: Collection[int]) -> tuple[int, int]:
     return start, stop - 1
 
 
-def _cuts_a_tie(n: int, balance: list[int], cut: int, ties: dict[int, Tie]) -> str:
+def _cuts_a_tie(n: int, balance: list[int], cut: int, ties: dict[int, Tie], nodes: Sequence[str] | None) -> str:
     """Why ``balance`` must not cut at ``cut``, and a balance that keeps the tie in one stage."""
     tie = ties[cut]
     cuts = list(itertools.accumulate(balance[:-1]))
@@ -149,15 +183,15 @@ def _cuts_a_tie(n: int, balance: list[int], cut: int, ties: dict[int, Tie]) -> s
     return (
         f"balance {balance} splits a shared {tie.kind} between stage {stages[0]} and stage "
         f"{stages[1]}: {_tie_text(tie, stages)}, and each stage would update it on its own "
-        f"(layers: {n}); put layers {start} to {last} in one stage: {fix}, or untie the weights"
+        f"(layers: {n}); put {_layers(start, last, nodes)} in one stage: {fix}, or untie the weights"
     )
 
 
-def _too_tied(n: int, depth: int, ties: dict[int, Tie]) -> str:
+def _too_tied(n: int, depth: int, ties: dict[int, Tie], nodes: Sequence[str] | None) -> str:
     """Why no cut of ``n`` layers into ``depth`` stages keeps every tie in one stage."""
     allowed = [k for k in range(1, n) if k not in ties]
     runs = [_block(n, k, ties) for k in ties if k - 1 not in ties]  # one per run of tied cuts
-    reasons = [f"layers {a} to {b} must stay in one stage ({_tie_text(ties[a + 1])})" for a, b in runs]
+    reasons = [f"{_layers(a, b, nodes)} must stay in one stage ({_tie_text(ties[a + 1])})" for a, b in runs]
     if len(reasons) > 3:
         reasons[3:] = [f"{len(reasons) - 3} more such runs"]
     at_most = len(allowed) + 1

@@ -15,6 +15,7 @@ import click
 from rich.progress import Progress, TaskID
 
 from ..executors import EXECUTORS
+from .bench_models import MODELS
 from .bench_sweep import SIZES as SWEEP_SIZES
 from .report import print_bench, print_sweep, progress_bar, wide_console
 
@@ -91,6 +92,14 @@ def _advancing(bar: Progress, task: TaskID) -> Callable[[str], None]:
 )
 @click.option("--rounds", type=click.IntRange(min=1), default=None, help="Rounds of the --sizes sweep.  [default: 5]")
 @click.option(
+    "--model",
+    type=click.Choice(list(MODELS)),
+    default=None,
+    help="With --sizes: the model swept. conv: the stem and blocks of 3x3 convolution; resnet: a ResNet-style "
+    "network (a stem and --layers BasicBlocks with BatchNorm and shortcuts, one of them strided), which partime "
+    "traces and cuts between the nodes of its graph.  [default: conv]",
+)
+@click.option(
     "--layers",
     type=click.IntRange(min=1),
     default=None,
@@ -116,6 +125,7 @@ def bench(
     size: int | None,
     sizes: tuple[int, ...] | None,
     rounds: int | None,
+    model: str | None,
     layers: int | None,
     json_path: Path | None,
     plot_path: Path | None,
@@ -125,7 +135,7 @@ def bench(
     from .bench import MODES, run_bench
 
     if sizes is None:
-        for value, option in ((rounds, "--rounds"), (plot_path, "--plot")):
+        for value, option in ((rounds, "--rounds"), (model, "--model"), (plot_path, "--plot")):
             if value is not None:
                 raise click.BadParameter("goes with --sizes only", param_hint=option)
     elif size is not None:
@@ -143,7 +153,9 @@ def bench(
             f"the model has {layers + 1} layers: depths go up to {layers + 1}, got {max(depths)}", param_hint="--depths"
         )
     if sizes is not None:
-        return _bench_sweep(sizes, depths, executor, samples, rounds or 5, layers, json_path, plot_path)
+        return _bench_sweep(
+            sizes, depths, executor, samples, rounds or 5, model or "conv", layers, json_path, plot_path
+        )
     size, executor = size or 32, executor or "process"
     if executor == "distributed":
         return _bench_distributed(samples, size, layers, json_path)
@@ -162,6 +174,7 @@ def _bench_sweep(
     executor: str | None,
     samples: int,
     rounds: int,
+    model: str,
     layers: int,
     json_path: Path | None,
     plot_path: Path | None,
@@ -179,6 +192,7 @@ def _bench_sweep(
     with progress_bar(console) as bar:
         report = _advancing(bar, bar.add_task("starting", total=sweep_steps(sizes, MODES, rounds)))
         rows = run_sweep(
+            model=model,
             sizes=sizes,
             depths=depths,
             pipelines=pipelines,
@@ -188,6 +202,11 @@ def _bench_sweep(
             progress=report,
         )
     print_sweep(console, rows, json_path)
+    if model != "conv":
+        console.print(
+            f"model: {model} ({MODELS[model].__name__}): each of the {layers} blocks is a BasicBlock (two 3x3 "
+            "convolutions with BatchNorm and ReLU, and a shortcut), traced by torch.fx and cut between its nodes"
+        )
     if plot_path is not None:
         plot_sweep(rows, plot_path)
         console.print(f"plot written to {plot_path}")

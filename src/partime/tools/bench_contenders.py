@@ -30,6 +30,8 @@ from ..compensation import check_compensation
 from ..partition import Partition
 from ..pipeline import Pipeline
 from ..stage import Stage, StageConfig
+from ..traced import layers_of
+from ..values import as_tensors
 from .bench import sgd
 from .bench_latency import Offered
 from .bench_peers import Replicas
@@ -41,12 +43,17 @@ STAGE_INPUTS = 8
 @dataclass(frozen=True)
 class Setting:
     """What each contender of one size and mode streams: a model, its frames (and targets when
-    learning), and how many results a run times (``results``; the frames go a little further)."""
+    learning), and how many results a run times (``results``; the frames go a little further).
+    ``layers`` are the model's layers as a pipeline cuts them (itself, or its traced segments)."""
 
-    model: nn.Sequential
+    model: nn.Module
     xs: Tensor
     ys: Tensor | None
     results: int
+    layers: nn.Sequential = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "layers", layers_of(self.model))
 
     @property
     def learning(self) -> bool:
@@ -184,12 +191,15 @@ def stage_alone(name: str, partition: Partition, stage: int) -> Contender:
         if ys is not None:
             learning = dict(loss_fn=nn.CrossEntropyLoss(), optimizer=sgd, supervised=True)
         config = StageConfig(partition.depth, compensation=check_compensation("auto"), **learning)
-        alone = Stage(stage, copy.deepcopy(setting.model[start:stop]), config)
+        layers = copy.deepcopy(setting.layers)  # running them here changes no BatchNorm of the model
+        alone = Stage(stage, layers[start:stop], config)
         count = min(STAGE_INPUTS, len(setting.xs))
         with torch.no_grad():
-            inputs = [setting.model[:start](x) for x in setting.xs[:count]]
-            shape = setting.model[start:stop](inputs[0]).shape
-        grad = torch.randn(shape, generator=torch.Generator().manual_seed(0))
+            inputs = [layers[:start](x) for x in setting.xs[:count]]
+            out = copy.deepcopy(layers[start:stop])(inputs[0])
+        gen = torch.Generator().manual_seed(0)
+        grads = tuple(torch.randn(t.shape, generator=gen) for t in as_tensors(out, f"stage {stage}'s output"))
+        grad = grads if isinstance(out, tuple) else grads[0]
         ticks = itertools.count()  # the stage's own sample numbers, on across runs
 
         def one(i: int, x: Tensor) -> None:

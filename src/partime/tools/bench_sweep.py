@@ -26,7 +26,7 @@ from typing import Any
 
 from ..malloc import keep_freed_memory
 from ..partition import Partition
-from .bench import CLASSES, MODES, Progress, conv3_net, frames, median_ms
+from .bench import CLASSES, MODES, Progress, frames, median_ms
 from .bench_clocks import cpu_clocks, others_busy
 from .bench_contenders import (
     Contender,
@@ -40,6 +40,7 @@ from .bench_contenders import (
     stage_alone,
 )
 from .bench_latency import latencies
+from .bench_models import MODELS
 from .hop import measure_hop
 
 log = logging.getLogger(__name__)
@@ -86,6 +87,7 @@ def round_order(names: Sequence[str], rounds: int) -> Iterator[list[str]]:
 
 def run_sweep(
     *,
+    model: str = "conv",
     sizes: Sequence[int] = SIZES,
     depths: Sequence[int] = DEPTHS,
     pipelines: Sequence[PipelineKind] = PIPELINES,
@@ -100,7 +102,9 @@ def run_sweep(
     progress: Progress | None = None,
 ) -> list[dict[str, Any]]:
     """One row per size, mode and contender, on ``conv3_net(layers, channels)`` (with a head of
-    ``CLASSES`` logits when learning) and the same seeded frames (batch 1, 3 x size x size).
+    ``CLASSES`` logits when learning), or the model ``bench_models.MODELS`` names ``model``
+    (``"resnet"``: a ResNet-style network, which partime traces), and the same seeded frames
+    (batch 1, 3 x size x size).
 
     Every row has the contender's ``ms_per_sample`` (and ``ms_per_round``), ``latency_p50_ms`` and
     ``latency_p99_ms``, its speed-ups over sequential with one thread and with every core,
@@ -127,12 +131,15 @@ def run_sweep(
         raise ValueError(f"depths must be from 1 to layers + 1 = {layers + 1}, got {list(depths)}")
     if not pipelines:
         raise ValueError("give at least one pipeline contender")
+    if model not in MODELS:
+        raise ValueError(f"unknown model {model!r}; choose one of {', '.join(MODELS)}")
+    factory = MODELS[model]
     report = progress or (lambda label: None)
     cores = os.cpu_count() or 1
     chosen = contenders(depths, cores, pipelines)
     report("hop cost of 64 KB")
     common: dict[str, Any] = dict(
-        model="conv3_net", layers=layers, channels=channels, samples=samples, warmup=warmup, blocks=blocks
+        model=factory.__name__, layers=layers, channels=channels, samples=samples, warmup=warmup, blocks=blocks
     )
     common.update(rounds=rounds, cores=cores, hop_64kb_us=measure_hop(65536)["hop_us_median"])
     rows: list[dict[str, Any]] = []
@@ -147,8 +154,8 @@ def run_sweep(
         xs, ys = frames(size, warmup + samples + 1 + 2 * max(depths) + 2, seed)
         for mode in modes:
             learning = mode == "learning"
-            model = conv3_net(layers, channels, classes=CLASSES if learning else None, seed=seed)
-            setting = Setting(model, xs, ys if learning else None, warmup + samples + 1)
+            net = factory(layers, channels, classes=CLASSES if learning else None, seed=seed)
+            setting = Setting(net, xs, ys if learning else None, warmup + samples + 1)
             label = f"{size}x{size} {mode}"
             clocks = cpu_clocks()
             mine = [c for c in chosen if not (learning and c.inference_only)]
