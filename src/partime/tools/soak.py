@@ -1,8 +1,8 @@
 """Does a long stream leave memory behind? A soak test of the process executor (a benchmark).
 
 ``run_soak`` streams ``samples`` batches through a ``process`` pipeline of a small MLP, for
-inference or for online learning, and records the resident memory (RSS) of the caller and of
-every stage process every ``every`` samples::
+inference or for online learning, and records the resident memory (RSS) of the caller (which
+runs the last stage) and of every stage process every ``every`` samples::
 
     samples: 0 ... warm-up ... | ............ the rest of the stream ............ |
     RSS:     grows while buffers, caches and       must stay flat: a leak of one
