@@ -126,7 +126,7 @@ def identity_of(state: PipelineState, config: StageConfig, balance: Sequence[int
     }
 
 
-def unstarted(stages: list[nn.Sequential], config: StageConfig) -> dict[str, Any]:
+def unstarted(stages: list[nn.Module], config: StageConfig) -> dict[str, Any]:
     """The executor's part of a checkpoint for ``stages`` that have not run: their fresh states."""
     return {"stages": [Stage(i, m, config).state_dict() for i, m in enumerate(stages)], "transit": None}
 
@@ -190,7 +190,7 @@ def from_checkpoint(checkpoint: Mapping[str, Any]) -> PipelineState:
     return state
 
 
-def load_weights(stages: list[nn.Sequential], checkpoint: Mapping[str, Any]) -> None:
+def load_weights(stages: list[nn.Module], checkpoint: Mapping[str, Any]) -> None:
     """Load each stage's weights from ``checkpoint``; a ``CheckpointError`` naming a stage they do not fit."""
     for i, (module, stage) in enumerate(zip(stages, checkpoint["stages"])):
         try:

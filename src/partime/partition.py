@@ -23,6 +23,7 @@ from torch import nn
 from partime.balance import Balance, _is_int, check_balance
 from partime.hops import stage_hop
 from partime.profiling import Sample, profile_layers
+from partime.traced_fused import fused
 
 log = logging.getLogger(__name__)
 
@@ -153,11 +154,11 @@ class Partition:
         return "\n".join(lines)
 
 
-def split(model: nn.Sequential, balance: Sequence[int]) -> list[nn.Sequential]:
+def split(model: nn.Sequential, balance: Sequence[int]) -> list[nn.Module]:
     """The stages of ``model`` cut by ``balance`` (layers per stage).
 
     Each stage is an ``nn.Sequential`` of a contiguous run of the model's children, in order,
-    under the model's own child names. The children are the model's own modules, not copies:
+    under the model's own child names (a traced model's run of nodes: one ``traced_fused.Fused``). The children are the model's own modules, not copies:
     training a stage trains the model, and running the stages one after another computes what
     the model computes.
     """
@@ -169,7 +170,7 @@ def split(model: nn.Sequential, balance: Sequence[int]) -> list[nn.Sequential]:
     check_balance(model, balance)
     # _modules rather than named_children(): the latter skips a module that appears twice.
     children = list(model._modules.items())
-    return [nn.Sequential(OrderedDict(children[a:b])) for a, b in Partition(tuple(balance)).bounds]
+    return fused([nn.Sequential(OrderedDict(children[a:b])) for a, b in Partition(tuple(balance)).bounds])
 
 
 def best_split(

@@ -29,7 +29,7 @@ def pair(item: Any, index: int) -> tuple[Any, Any]:
     )
 
 
-def layout_of(stages: list[nn.Sequential], x: Any, target: ValueSpec | None) -> Layout:
+def layout_of(stages: list[nn.Module], x: Any, target: ValueSpec | None) -> Layout:
     """Every boundary's layout, from one forward of a copy of the stages on the first sample."""
     specs = []
     value = x

@@ -114,7 +114,7 @@ class Executor(ABC):
 
     def __init__(
         self,
-        stages: list[nn.Sequential],
+        stages: list[nn.Module],
         devices: list[str],
         config: StageConfig,
         threads: int | None,

@@ -48,8 +48,8 @@ from __future__ import annotations
 import logging
 import pickle
 import threading
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Sequence, Sized
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -107,7 +107,7 @@ class DistributedExecutor(Driver):
         self.begin()
         self._seen_zero = self._synced = 0  # ticks stage 0 has finished, as sync counted them; ticks synced
         plan = _Plan(
-            tuple(len(s) for s in self.stages),
+            tuple(len(cast(Sized, s)) for s in self.stages),  # layers: an nn.Sequential's or a traced run's
             layout,
             _config_key(config),
             tuple(_state_specs(s) for s in self.stages),

@@ -31,6 +31,7 @@ from ..partition import Partition
 from ..pipeline import Pipeline
 from ..stage import Stage, StageConfig
 from ..traced import layers_of
+from ..traced_fused import fused
 from ..values import as_tensors
 from .bench import sgd
 from .bench_latency import Offered
@@ -192,11 +193,12 @@ def stage_alone(name: str, partition: Partition, stage: int) -> Contender:
             learning = dict(loss_fn=nn.CrossEntropyLoss(), optimizer=sgd, supervised=True)
         config = StageConfig(partition.depth, compensation=check_compensation("auto"), **learning)
         layers = copy.deepcopy(setting.layers)  # running them here changes no BatchNorm of the model
-        alone = Stage(stage, layers[start:stop], config)
+        (module,) = fused([layers[start:stop]])  # as the pipeline builds its stage (a traced run: one module)
+        alone = Stage(stage, module, config)
         count = min(STAGE_INPUTS, len(setting.xs))
         with torch.no_grad():
             inputs = [layers[:start](x) for x in setting.xs[:count]]
-            out = copy.deepcopy(layers[start:stop])(inputs[0])
+            out = copy.deepcopy(module)(inputs[0])
         gen = torch.Generator().manual_seed(0)
         grads = tuple(torch.randn(t.shape, generator=gen) for t in as_tensors(out, f"stage {stage}'s output"))
         grad = grads if isinstance(out, tuple) else grads[0]
