@@ -22,7 +22,7 @@ from typing import Any
 
 from torch import Tensor, fx, nn
 
-from .traced_segment import Ref, Segment
+from .traced_segment import Segment, _fill
 
 
 class Fused(nn.Module):
@@ -53,10 +53,10 @@ class Fused(nn.Module):
                 if step.op == "get_attr":
                     env[step.name] = graph.get_attr(step.target)
                 else:
-                    args, kwargs = _nodes(step.args, env), _nodes(step.kwargs, env)
+                    args, kwargs = _fill(step.args, env), _fill(step.kwargs, env)
                     env[step.name] = graph.create_node(step.op, step.target, args, kwargs, name=step.name)
         last = segments[-1]
-        graph.output(_nodes(last._program.gives, env))
+        graph.output(_fill(last._program.gives, env))
         self.graph_module = fx.GraphModule(held, graph, class_name="FusedStage")
         self._last: Segment
         object.__setattr__(self, "_last", last)  # for its messages only: not a child of this module
@@ -88,19 +88,3 @@ def fused(stages: Sequence[nn.Module]) -> list[nn.Module]:
         segments = [c for c in stage._modules.values() if isinstance(c, Segment)]
         out.append(Fused(segments) if segments and len(segments) == len(stage._modules) else stage)
     return out
-
-
-def _nodes(template: Any, env: dict[str, Any]) -> Any:
-    """``template`` with every ``Ref`` replaced by its node (or constant) in ``env``."""
-    kind = type(template)
-    if kind is Ref:
-        return env[template.name]
-    if kind is tuple:
-        return tuple(_nodes(a, env) for a in template)
-    if kind is list:
-        return [_nodes(a, env) for a in template]
-    if kind is dict:
-        return {k: _nodes(v, env) for k, v in template.items()}
-    if kind is slice:
-        return slice(_nodes(template.start, env), _nodes(template.stop, env), _nodes(template.step, env))
-    return template
