@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
+import traced_models
 from models import (
     CONV_BALANCES,
     Join,
@@ -204,6 +205,16 @@ def rank_main(scenario, out):
             "distributed", conv_net(), CONV_BALANCES[depth], strided_xs, strided_ys, **learning("stash")
         )
         seen["skip inference"] = skipping("distributed", depth)
+        traced_xs, traced_ys = traced_models.samples("resnet", SAMPLES)
+        seen["traced"] = run(  # any module: a ResNet, traced and cut between its nodes
+            "distributed",
+            traced_models.make("resnet"),
+            depth,
+            traced_xs,
+            traced_ys,
+            sample=traced_xs[0] if rank == 0 else None,
+            **learning("stash"),
+        )
         for grad_mode in LEARNING:
             seen[f"skip {grad_mode}"] = skipping("distributed", depth, grad_mode)
         if rank == 0:
@@ -337,6 +348,15 @@ def test_strided_samples_give_the_bits_of_inline(ranks):
     depth, seen = ranks
     xs, ys = strided_frames(SAMPLES)
     assert_same(seen["strided"], run("inline", conv_net(), CONV_BALANCES[depth], xs, ys, **learning("stash")))
+
+
+def test_a_traced_module_learns_as_inline_does(ranks):
+    depth, seen = ranks
+    results, params, partition = seen["traced"]
+    assert partition.depth == depth
+    xs, ys = traced_models.samples("resnet", SAMPLES)
+    inline = run("inline", traced_models.make("resnet"), list(partition.balance), xs, ys, **learning("stash"))
+    assert_same((results, params, partition), inline)
 
 
 def test_tuple_activations_and_unsupervised_loss_match_inline(ranks):
