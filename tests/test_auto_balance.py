@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 import partime
-from partime import hops, partition, planner
+from partime import auto_check, hops, partition, planner
 from partime.hops import HopMeter, stage_hop
 from partime.partition import Partition, best_split, plan, profile_layers
 from partime.planner import AUTO_MARGIN, choose_depth
@@ -260,6 +260,8 @@ def four_equal_layers(monkeypatch: pytest.MonkeyPatch) -> None:
     """A profile of four layers of one second each, on four cores: "auto" takes four stages."""
     monkeypatch.setattr(partition, "profile_layers", lambda *args, **kwargs: (1.0, 1.0, 1.0, 1.0))
     monkeypatch.setattr(planner, "usable_cores", lambda: 4)
+    # and a stage's own tick, measured before "auto" keeps a pipeline, takes one second per layer too
+    monkeypatch.setattr(auto_check, "_tick_seconds", lambda index, module, config, value: float(len(module)))
 
 
 @pytest.mark.usefixtures("four_equal_layers")
@@ -355,3 +357,45 @@ def test_any_other_string_balance_is_refused_with_the_accepted_forms() -> None:
         partime.Pipeline(_model(), "Auto", sample=torch.randn(4))
     with pytest.raises(ValueError, match=r"balance='auto' needs a sample .*: pass sample=, or give the layers"):
         plan(_model(), "auto")
+
+
+@pytest.mark.usefixtures("four_equal_layers")
+def test_auto_keeps_a_pipeline_only_if_its_stages_own_ticks_are_faster(monkeypatch, caplog) -> None:
+    # the layers' profile predicts 4 stages at 1 s, but each stage's tick, as partime's Stage runs it
+    # (a learning stage's second forward, its compensation, its step), takes 3.8 s: 4 s as one stage
+    monkeypatch.setattr(
+        auto_check, "_tick_seconds", lambda index, module, config, value: 3.8 if config.depth > 1 else 4.0
+    )
+    model = nn.Sequential(*_model()[:4])
+    xs = [torch.randn(4) for _ in range(5)]
+    with caplog.at_level(logging.INFO, logger="partime.pipeline"):
+        pipe = partime.Pipeline(model, "auto", sample=xs[0], executor="inline", loss_fn=nn.MSELoss(), optimizer=_sgd)
+    assert pipe.depth == 1 and pipe.partition is not None and pipe.partition.balance == (4,)
+    assert "1 stage, no pipeline is measured at least 10% faster" in caplog.text
+    assert "3.8e+03 ms per sample at 4 stages [1, 1, 1, 1], 4e+03 ms as one" in caplog.text
+
+
+class _Counting(nn.Module):
+    """A linear layer that counts its forwards."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear, self.calls = nn.Linear(4, 4), 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return self.linear(x)
+
+
+def test_a_stages_measured_tick_is_its_work_in_the_pipeline() -> None:
+    # stage 0 of 2, learning in stash mode: a forward per tick and, from its delay of 2 ticks on, the
+    # product of a late gradient, which runs that sample's forward again, and a step
+    config = partime.stage.StageConfig(2, nn.MSELoss(), _sgd, "stash")
+    counting = _Counting()
+    before = counting.linear.weight.detach().clone()
+    auto_check._tick_seconds(0, counting, config, torch.randn(1, 4))
+    ticks = 2 + auto_check.WARMUP_TICKS + auto_check.TIMED_TICKS
+    # the gradient's shape, each tick's forward, and each product but the first (no step came between
+    # sample 0's forward and its gradient: its graph still holds)
+    assert counting.calls == 1 + ticks + (ticks - 2 - 1)
+    assert not torch.equal(counting.linear.weight, before)  # it stepped

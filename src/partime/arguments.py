@@ -11,17 +11,19 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
+from .auto_check import confirmed
 from .balance import AUTO, Balance
+from .compensation import check_compensation
 from .executors import Executor, executor_class
 from .partition import Partition, check_balance, plan
-from .stage import GRAD_MODES, NONFINITE, LossFn, OptimizerFactory, check_loss_fn
+from .stage import GRAD_MODES, NONFINITE, LossFn, OptimizerFactory, StageConfig, check_loss_fn
 
 # the pipeline's logger: its warnings read as the pipeline's, for those who configure that one
 log = logging.getLogger("partime.pipeline")
@@ -59,6 +61,7 @@ def check_arguments(
     nonfinite: str,
     timeout: float | None,
     sample: Any = None,
+    compensation: str | Sequence[str] = "auto",
 ) -> Arguments:
     """``Pipeline``'s arguments, checked in the order they are documented: a ValueError (or the
     error of ``check_balance``, ``executor_class``, ``check_loss_fn``, ``check_devices``) for the
@@ -88,9 +91,13 @@ def check_arguments(
     partition = None
     if balance == AUTO:
         _check_auto(cls, devices, sample)
-        partition = plan(
-            model, AUTO, sample, learning=optimizer is not None, threads=lambda d: stage_threads(d, threads)
-        )
+        count: Callable[[int], int] = lambda d: stage_threads(d, threads)
+        partition = plan(model, AUTO, sample, learning=optimizer is not None, threads=count)
+        if partition.depth > 1:  # the planner predicts; the stages' own ticks decide
+            config = StageConfig(
+                partition.depth, loss_fn, optimizer, grad_mode, False, check_compensation(compensation)
+            )
+            partition = confirmed(model, partition, sample, config, count)
         depth = partition.depth
     else:
         depth = balance if isinstance(balance, int) else len(balance)

@@ -151,6 +151,7 @@ class Pipeline(Checkpointing):
             nonfinite=nonfinite,
             timeout=timeout,
             sample=sample,
+            compensation=compensation,
         )
         self._executor_class = args.executor_class
         depth = self.depth = args.depth
