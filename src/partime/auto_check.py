@@ -20,14 +20,13 @@ import logging
 import statistics
 import time
 from collections.abc import Callable
-from contextlib import contextmanager
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from .partition import Partition, split
-from .planner import AUTO_MARGIN
+from .planner import AUTO_MARGIN, torch_threads
 from .stage import Stage, StageConfig
 from .values import as_tensors
 
@@ -54,7 +53,7 @@ def confirmed(
     torch thread count each of D stages runs with."""
     depth, n = partition.depth, len(model)
     model = copy.deepcopy(model)  # the timing steps and updates BatchNorm statistics: not the pipeline's
-    with _threads(threads(depth)):
+    with torch_threads(threads(depth)):
         stages = [
             _tick_seconds(i, module, config, value)
             for i, (module, value) in enumerate(zip(split(model, partition.balance), _inputs(model, partition, sample)))
@@ -63,7 +62,7 @@ def confirmed(
     stages = [t + hop for t, hop in zip(stages, hops, strict=True)]
     whole = copy.copy(config)
     whole.depth = 1
-    with _threads(threads(1)):
+    with torch_threads(threads(1)):
         (alone,) = [_tick_seconds(0, module, whole, sample) for module in split(model, [n])]
     said = f"measured {max(stages) * 1e3:.3g} ms per sample at {depth} stages {list(partition.balance)}, "
     said += f"{alone * 1e3:.3g} ms as one"
@@ -103,13 +102,3 @@ def _tick_seconds(index: int, module: nn.Module, config: StageConfig, value: Any
         if s >= delay + WARMUP_TICKS:
             times.append(time.perf_counter() - start)
     return statistics.median(times)
-
-
-@contextmanager
-def _threads(count: int) -> Any:
-    before = torch.get_num_threads()
-    torch.set_num_threads(count)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)

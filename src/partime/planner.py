@@ -166,7 +166,7 @@ def plan_timed(
         by_count: dict[int, tuple[float, ...]] = {}
         for count in counts.values():
             if count not in by_count:  # the boundaries are timed once, with the first count
-                with _torch_threads(count):
+                with torch_threads(count):
                     by_count[count] = profile(on_output=None if by_count else meter)
         profiles = {d: by_count[count] for d, count in counts.items()}
         partition = choose_depth(profiles, meter.hop_times, max_depth=top, forbidden=forbidden, overhead=overhead)
@@ -188,7 +188,8 @@ def _predicted(partition: Partition) -> float:
 
 
 @contextmanager
-def _torch_threads(count: int) -> Iterator[None]:
+def torch_threads(count: int) -> Iterator[None]:
+    """Run the block with ``count`` torch threads in this thread, then give back the count it had."""
     before = torch.get_num_threads()
     torch.set_num_threads(count)
     try:

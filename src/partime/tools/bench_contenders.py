@@ -29,6 +29,7 @@ from torch import Tensor, nn
 from ..compensation import check_compensation
 from ..partition import Partition
 from ..pipeline import Pipeline
+from ..planner import torch_threads
 from ..stage import Stage, StageConfig
 from ..traced import layers_of
 from ..traced_fused import fused
@@ -100,17 +101,6 @@ class PipelineKind:
     name: str
     executor: str
     options: Mapping[str, Any] = field(default_factory=dict)
-
-
-@contextmanager
-def torch_threads(threads: int) -> Iterator[None]:
-    """Run the block with ``threads`` torch threads in this thread, then restore the count."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def sequential(threads: int) -> Contender:
