@@ -24,7 +24,7 @@ DISTRIBUTED_LAYERS = 16
 (the distributed executor's sends between ranks pay off for stages of 4 ms or more)."""
 
 
-def _whole_numbers(
+def whole_numbers(
     what: str, example: str
 ) -> Callable[[click.Context, click.Parameter, str | None], tuple[int, ...] | None]:
     """An option's callback: a comma-separated list of ``what`` (whole numbers of at least 1), or None."""
@@ -75,7 +75,7 @@ def _advancing(bar: Progress, task: TaskID) -> Callable[[str], None]:
 @click.option(
     "--depths",
     default=None,
-    callback=_whole_numbers("depths", "1,2,3,4"),
+    callback=whole_numbers("depths", "1,2,3,4"),
     help="Pipeline depths D to time, comma-separated.  [default: 1,2,3,4; 2 with --sizes]",
 )
 @click.option("--size", type=click.IntRange(min=1), default=None, help="Frame height and width.  [default: 32]")
@@ -84,7 +84,7 @@ def _advancing(bar: Progress, task: TaskID) -> Callable[[str], None]:
     is_flag=False,
     flag_value=",".join(str(s) for s in SWEEP_SIZES),
     default=None,
-    callback=_whole_numbers("frame sizes", "12,24,48,72,96"),
+    callback=whole_numbers("frame sizes", "12,24,48,72,96"),
     help="Sweep these frame sizes (comma-separated) on a stem and 8 blocks (--layers) of 3x3 convolution (24 channels) + "
     "ReLU: sequential with 1 thread and every core, D replicas, each pipeline executor and its bound (the "
     "slowest stage alone), interleaved in rounds, with latencies. --sizes alone sweeps "

@@ -11,18 +11,8 @@ import click
 from rich.progress import TaskID
 from rich.table import Table
 
-from .bench_cli import bench
+from .bench_cli import bench, whole_numbers
 from .report import progress_bar, wide_console
-
-
-def _depths(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, ...]:
-    try:
-        depths = tuple(int(d) for d in value.split(",") if d.strip())
-    except ValueError:
-        raise click.BadParameter(f"a comma-separated list of whole numbers, e.g. 1,2,3,4; got {value!r}") from None
-    if not depths or min(depths) < 1:
-        raise click.BadParameter(f"give one or more depths of at least 1, got {value!r}")
-    return depths
 
 
 @click.group()
@@ -50,7 +40,9 @@ def _names(value: str, choices: tuple[str, ...], option: str) -> tuple[str, ...]
     help="Samples per run (each a batch of 4 frames).",
 )
 @click.option("--seeds", type=click.IntRange(min=1), default=2, show_default=True, help="Seeds per configuration.")
-@click.option("--depths", default="2,4,8", show_default=True, callback=_depths, help="Pipeline depths D.")
+@click.option(
+    "--depths", default="2,4,8", show_default=True, callback=whole_numbers("depths", "2,4,8"), help="Pipeline depths D."
+)
 @click.option(
     "--streams",
     "stream_names",
