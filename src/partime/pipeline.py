@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from . import arrivals
 from .arguments import check_arguments
 from .balance import Balance
 from .checkpointing import Checkpointing
@@ -33,6 +34,7 @@ from .signals import SigtermGuard
 from .skips import SKIP_SHARE as SKIP_SHARE  # noqa: PLC0414
 from .skips import SKIP_WINDOW as SKIP_WINDOW  # noqa: PLC0414
 from .skips import SkipWatch
+from .sources import MONOTONIC
 from .stage import LossFn, OptimizerFactory, StageConfig, takes_target
 from .state import PipelineState
 from .traced import boundary_specs, layers_of
@@ -172,6 +174,7 @@ class Pipeline(Checkpointing):
             self._partition = self._plan(sample)
         self._failure = None
         self._skips = SkipWatch()
+        self._clock = MONOTONIC
         # The distributed executor runs one stage per rank; on ranks > 0 the pipeline serves its stage.
         self._rank = self._executor_class.rank(depth)
 
@@ -241,17 +244,22 @@ class Pipeline(Checkpointing):
         """
         self._check_open()
         state = self._state
-        if state.in_segment == 0:
-            return []
-        executor = self._running(None, None)  # not started yet if resumed with samples in flight
-        self._guard(executor.end)
-        rest = [self._take() for _ in range(state.in_segment - state.taken)]
-        self._guard(executor.sync)
-        state.flushed()
+        rest = []
+        if state.in_segment:
+            executor = self._running(None, None)  # not started yet if resumed with samples in flight
+            self._guard(executor.end)
+            while state.taken < state.in_segment:
+                rest.append(self._take())
+            self._guard(executor.sync)
+            state.flushed()
+        while state.dropped:  # after the last sample that went in (it was refused)
+            rest.append(self._take())
         return rest
 
     @on_rank_0(lambda: iter(()))
-    def stream(self, xs: Iterable[Any], ys: Iterable[Any] | None = None) -> Iterator[Result]:
+    def stream(
+        self, xs: Iterable[Any], ys: Iterable[Any] | None = None, *, when_behind: str = "wait"
+    ) -> Iterator[Result]:
         """Every sample of ``xs`` (with the targets ``ys``) through the pipeline, then a flush.
 
         When the loss takes a target and ``ys`` is not given, each item of ``xs`` is a pair
@@ -260,22 +268,62 @@ class Pipeline(Checkpointing):
         tick further (so that no stage waits for the caller). A ``break`` out of the loop leaves
         the samples in flight inside the pipeline: their results come out of the next ``step``,
         ``flush`` or ``stream``, first.
+
+        ``xs`` may be a live source, which yields at its own pace (``partime.sources``:
+        ``at_rate``, a camera's ``video_frames``). ``when_behind`` says what happens when a sample
+        arrives before the pipeline can take it (SPEC.md, "Live sources"):
+
+        - ``"wait"`` (the default, for recorded data): the source waits. A recorded stream is read
+          one sample per tick; a ``Paced`` source's samples are all taken, late if the pipeline is
+          behind, and their latency says how late.
+        - ``"drop"`` (for a live source): the newest arrival replaces the one still waiting, so
+          the source is never held back and the pipeline holds one waiting sample at most. The
+          replaced sample's result comes in sample order, with ``dropped=True`` and no output (nor
+          target): no stage computes or steps for it, and learning learns from the samples that
+          went in, in the ticks they made. A source that is no ``Paced`` one is read by a thread
+          of its own, which times each sample as it comes.
+
+        A live source's results are handed out as soon as they leave the pipeline, so that their
+        latency is the pipeline's own: D - 1 arrivals (the ticks that carry a sample through)
+        plus the last stage's tick. Each ``Result`` says when its sample arrived and was handed
+        out, on the source's clock. A ``Paced`` source begins once the pipeline has taken its first
+        sample (and started: its workers, the timing of its layers); a real one does not wait.
         """
+        reader = arrivals.inbox(xs, when_behind)  # refuses a policy it does not know, at once
+        return self._stream(reader, ys)
+
+    def _stream(self, reader: arrivals.Inbox, ys: Iterable[Any] | None) -> Iterator[Result]:
+        self._check_open()
+        self._clock = reader.clock
+        lookahead = 0 if reader.live else LOOKAHEAD
         targets = iter(ys) if ys is not None else None
         pairs = ys is None and self._state.supervised is True
-        for item in xs:
-            if pairs:
-                x, y = pair(item, self._state.next_index)
-            else:
-                x = item
-                y = None if targets is None else next(targets, _MISSING)
-            if y is _MISSING:
-                raise ValueError(f"ys ended before xs: there is no target for sample {self._state.next_index}")
-            self._feed(x, y)
-            while self._due() > LOOKAHEAD:
-                yield self._take()
+        state = self._state
+        begun = False
+        try:
+            while found := reader.take():
+                for at in found.dropped:
+                    if targets is not None and next(targets, _MISSING) is _MISSING:
+                        raise ValueError(f"ys ended before xs: there is no target for sample {state.next_index}")
+                    state.drop(at)
+                for item, at in found.kept:
+                    if pairs:
+                        x, y = pair(item, state.next_index)
+                    else:
+                        x = item
+                        y = None if targets is None else next(targets, _MISSING)
+                    if y is _MISSING:
+                        raise ValueError(f"ys ended before xs: there is no target for sample {state.next_index}")
+                    self._feed(x, y, at)
+                    if not begun:  # the pipeline has started from the first sample: the rest may come
+                        reader.begin()
+                        begun = True
+                    while self._due() > lookahead or state.next_is_dropped():
+                        yield self._take()
+        finally:
+            reader.close()
         if targets is not None and next(targets, _MISSING) is not _MISSING:
-            raise ValueError(f"ys is longer than xs: xs ended after {self._state.next_index} samples")
+            raise ValueError(f"ys is longer than xs: xs ended after {state.next_index} samples")
         yield from self.flush()
 
 

@@ -25,6 +25,7 @@ from .partition import Partition, plan, split
 from .samples import layout_of
 from .signals import SigtermGuard
 from .skips import SkipWatch
+from .sources import Clock
 from .stage import StageConfig
 from .state import PipelineState
 from .values import nonfinite
@@ -59,6 +60,7 @@ class Running:
     _failure: str | None
     _skips: SkipWatch
     _rank: int  # the distributed executor runs one stage per rank; on ranks > 0 the pipeline serves its stage
+    _clock: Clock  # what results are timed on: the clock of the source streamed last (partime.sources)
 
     def open(self) -> Self:
         """Make the pipeline ready for samples (its workers start at the first one)."""
@@ -156,8 +158,10 @@ class Running:
             self._guard(executor.start, layout, resume)
         return executor
 
-    def _feed(self, x: Any, y: Any) -> None:
-        """Offer one sample: run one tick, without taking its result."""
+    def _feed(self, x: Any, y: Any, at: float | None = None) -> None:
+        """Offer one sample, which arrived at ``at`` (now, if None): run one tick, without taking its result."""
+        if at is None:
+            at = self._clock.now()
         self._check_open()
         index = self._state.next_index
         try:
@@ -171,20 +175,23 @@ class Running:
         executor = self._running(x, y)
         # a skipped sample goes in as a hole (None): the stages compute nothing on it
         self._guard(executor.feed, index, None if bad is not None else x, y)
-        self._state.fed(index, y)
+        self._state.fed(index, y, at)
 
     def _due(self) -> int:
         """How many results have left the pipeline and not been handed out."""
         return self._state.due(self.depth)
 
     def _take(self) -> Result:
+        """The next result in sample order: a dropped sample's, or the next to leave the pipeline."""
         state = self._state
+        if state.next_is_dropped():
+            return state.handed_out(state.dropped.popleft(), self._clock.now())
         if state.held:
             result = state.held.popleft()
         else:
             assert self._executor is not None, "no result is held, so the executor has started"
             result = self._guard(self._executor.next_result)
-        state.handed_out(result)
+        state.handed_out(result, self._clock.now())
         if self._config.nonfinite == "skip":
             self._skips.note(result)
         return result

@@ -41,6 +41,12 @@ class PipelineState:
     """Results taken from the executor for a checkpoint and not handed out yet."""
     given: deque[tuple[int, Any]] = field(default_factory=deque)
     """``(index, target)`` of the samples fed with a target whose results are not handed out yet."""
+    offered: deque[tuple[int, float]] = field(default_factory=deque)
+    """``(index, arrival time)`` of the samples fed whose results are not handed out yet (not
+    kept by a checkpoint: a clock's times mean nothing to another process)."""
+    dropped: deque[Result] = field(default_factory=deque)
+    """The results of samples dropped under ``when_behind="drop"``, not handed out yet: each goes
+    out once every sample before it has (not kept by a checkpoint)."""
     resume: dict[str, Any] | None = None
     """A loaded checkpoint that the executor starts from, at the next sample or flush."""
     layout: Layout | None = None
@@ -71,20 +77,40 @@ class PipelineState:
             else:
                 check_like(y, self.y_spec, f"target of sample {index}")
 
-    def fed(self, index: int, y: Any) -> None:
-        """Note that sample ``index`` went in, with target ``y`` (kept, as a copy, for its result)."""
+    def fed(self, index: int, y: Any, at: float) -> None:
+        """Note that sample ``index``, which arrived at ``at``, went in with target ``y`` (kept, as a
+        copy, for its result)."""
         if y is not None:
             self.given.append((index, copy_tensors(y)))
+        self.offered.append((index, at))
         self.next_index += 1
         self.in_segment += 1
 
-    def handed_out(self, result: Result) -> Result:
-        """Note that ``result`` goes to the caller; it gets its sample's target, if one was given."""
+    def drop(self, at: float) -> None:
+        """Note that the next sample, which arrived at ``at``, was dropped: its index is used up, and
+        its result waits for those of the samples before it."""
+        self.dropped.append(Result(self.next_index, None, dropped=True, offered_at=at))
+        self.next_index += 1
+
+    def next_is_dropped(self) -> bool:
+        """Whether the next result to hand out is a dropped sample's (no sample before it is in flight)."""
+        return bool(self.dropped) and (not self.offered or self.dropped[0].index < self.offered[0][0])
+
+    def handed_out(self, result: Result, now: float) -> Result:
+        """Note that ``result`` goes to the caller at ``now``; it gets its sample's target, if one
+        was given, and its arrival time."""
+        result.handed_at = now
+        if result.dropped:
+            return result
         self.taken += 1
         while self.given and self.given[0][0] < result.index:  # not in flight any more (a checkpoint dropped it)
             self.given.popleft()
         if self.given and self.given[0][0] == result.index:
             result.target = self.given.popleft()[1]
+        while self.offered and self.offered[0][0] < result.index:
+            self.offered.popleft()
+        if self.offered and self.offered[0][0] == result.index:
+            result.offered_at = self.offered.popleft()[1]
         return result
 
     def flushed(self) -> None:
