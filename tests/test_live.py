@@ -17,6 +17,7 @@ from torch import nn
 
 from partime import Pipeline
 from partime.arrivals import newest
+from partime.checkpoint_check import CheckpointError
 from partime.sources import MONOTONIC, FakeClock, at_rate
 
 EXECUTORS = ["inline", "process", "thread"]
@@ -300,6 +301,26 @@ def test_results_offered_before_a_checkpoint_was_loaded_have_no_latency():
         results = pipe.flush()
     assert [r.index for r in results] == [3]
     assert results[0].latency != results[0].latency  # NaN: the arrival was not kept
+
+
+def test_a_checkpoint_keeps_the_dropped_results_not_handed_out_yet():
+    clock, xs = FakeClock(), numbered(8)
+    with Pipeline(small_model(), [2, 1], executor="inline") as pipe:
+        for r in pipe.stream(at_rate(xs, 8, clock=clock), when_behind="drop"):
+            clock.advance(0 if r.dropped else 0.25)
+            if r.index == 3:  # the trace above: 4 was dropped, 5 is in flight
+                break
+        state = pipe.state_dict()
+    assert state["dropped"] == [4]
+    with Pipeline(small_model(), [2, 1], executor="inline") as pipe:
+        pipe.load_state_dict(state)
+        rest = pipe.flush()
+    assert [(r.index, r.dropped) for r in rest] == [(4, True), (5, False)]
+    with torch.no_grad():
+        assert torch.equal(rest[1].output, small_model()(xs[5]))
+    state["dropped"] = [9]
+    with pytest.raises(CheckpointError, match=r"dropped\[0\] is 9: .* before counters.next_index \(6\)"):
+        Pipeline(small_model(), [2, 1], executor="inline").load_state_dict(state)
 
 
 def test_at_rate_paces_in_real_time_and_refuses_a_bad_rate():

@@ -15,6 +15,8 @@ gives exactly the results of a run that never stopped::
      "held": [results that left the pipeline and were not handed out yet],
      "given": [the targets of the samples fed and not handed out, for their results]
               (optional: a checkpoint without it gives those results no target),
+     "dropped": [the indices of the samples dropped (when_behind="drop") whose results were not
+                handed out yet] (optional),
      "stages": [Stage.state_dict() of each stage: weights, optimizer, stashed forwards, ...],
      "transit": {tick, acts, grads, targets} or None: the values sent during the last tick,
                 which their receivers take at the next one}
@@ -153,6 +155,7 @@ def to_checkpoint(
         "layout": None if state.layout is None else layout_to_plain(state.layout),
         "held": held,
         "given": [message(index, as_tensors(y, "target")) for index, y in state.given],
+        "dropped": [r.index for r in state.dropped],
         **executor_state,
     }
 
@@ -181,6 +184,7 @@ def from_checkpoint(checkpoint: Mapping[str, Any]) -> PipelineState:
             for h in checkpoint["held"]
         )
         state.resume = dict(checkpoint)
+    state.dropped.extend(Result(index, None, dropped=True) for index in checkpoint.get("dropped", ()))
     given = checkpoint.get("given", ())
     if given:
         y_spec = state.y_spec

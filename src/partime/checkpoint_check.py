@@ -168,6 +168,14 @@ def check_contents(state: Any) -> None:
             _check_message(value, f"transit.targets[{i}]", next_index, tensors=True)
     for i, value in enumerate(_part(state, "given", _is_list, "a list") if "given" in state else ()):
         _check_message(value, f"given[{i}]", next_index, tensors=True)
+    previous = -1
+    for k, index in enumerate(_part(state, "dropped", _is_list, "a list") if "dropped" in state else ()):
+        if not _is_count(index) or not previous < index < next_index:
+            raise CheckpointError(
+                f"damaged checkpoint: dropped[{k}] is {index!r}: the dropped samples must be whole numbers in "
+                f"increasing order (the one before is {previous}), before counters.next_index ({next_index})"
+            )
+        previous = index
 
 
 def _part(container: Any, name: str, test: Callable[[Any], bool], what: str, key: Any = None) -> Any:

@@ -46,7 +46,7 @@ class PipelineState:
     kept by a checkpoint: a clock's times mean nothing to another process)."""
     dropped: deque[Result] = field(default_factory=deque)
     """The results of samples dropped under ``when_behind="drop"``, not handed out yet: each goes
-    out once every sample before it has (not kept by a checkpoint)."""
+    out once every sample before it has."""
     resume: dict[str, Any] | None = None
     """A loaded checkpoint that the executor starts from, at the next sample or flush."""
     layout: Layout | None = None
