@@ -78,14 +78,24 @@ def test_bench_refuses_options_that_do_not_go_together():
         assert result.exit_code != 0 and message in " ".join(result.output.split()), (args, result.output)
 
 
-def test_demo_runs_fast_and_reports_its_figures():
-    figures = run_demo(samples=30, learn_samples=60, baseline_samples=20, heldout=20, layers=2)
+def test_demo_runs_fast_and_reports_its_figures(tmp_path):
+    png = tmp_path / "live.png"
+    figures = run_demo(
+        samples=30, learn_samples=60, baseline_samples=20, heldout=20, live_frames=40, live_png=png, layers=2
+    )
     assert figures["outputs_match"] is True
     for key in ("inference_speedup", "learning_speedup", "wall_s", "inference_ms_pipeline", "learning_ms_pipeline"):
         assert positive(figures[key]), key
     for key in ("rolling_accuracy", "stream_accuracy", "heldout_accuracy_before", "heldout_accuracy_after"):
         assert 0 <= figures[key] <= 1, key
     assert figures["learning_others_busy"] is None or figures["learning_others_busy"] >= 0
+    # the live source: played faster than the plain model sustains, which keeps at most every frame
+    assert math.isclose(figures["live_fps"], 1.4e3 / figures["live_sustained_ms"])
+    for who in ("plain", "pipeline"):
+        kept, dropped = figures[f"live_{who}_fps_kept"] * 40 / figures["live_fps"], figures[f"live_{who}_dropped"]
+        assert round(kept) + dropped == 40 and kept >= 1, who
+        assert 0 < figures[f"live_{who}_p50_ms"] <= figures[f"live_{who}_p99_ms"], who
+    assert figures["live_png"] == str(png) and png.read_bytes().startswith(b"\x89PNG")
 
 
 def test_conv_net_is_seeded_and_has_the_head_only_for_learning():
