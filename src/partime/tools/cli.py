@@ -179,7 +179,8 @@ def soak(inference_samples: int, learning_samples: int, depth: int, out_dir: Pat
 
 @main.command()
 def demo() -> None:
-    """Stream a generated video through a 2-stage pipeline: inference, then online learning."""
+    """Stream a generated video through a 2-stage pipeline: inference, online learning, and the video
+    played as a live source faster than the plain model keeps up with."""
     from .demo import run_demo
 
     run_demo(wide_console())
