@@ -1,12 +1,13 @@
 """The ``partime bench`` command (a part of the CLI, which prints): one frame size, or a sweep of sizes.
 
 Without ``--sizes`` it runs ``bench.run_bench`` (or, with the distributed executor under torchrun,
-``bench_distributed``); with ``--sizes``, ``bench_sweep.run_sweep``, and draws its figure with
-``--plot``.
+``bench_distributed``); with ``--sizes``, ``bench_sweep.run_sweep``; with ``--rate``,
+``bench_rate.run_rate``. The last two draw their figure with ``--plot``.
 """
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -17,7 +18,7 @@ from rich.progress import Progress, TaskID
 from ..executors import EXECUTORS
 from .bench_models import MODELS
 from .bench_sweep import SIZES as SWEEP_SIZES
-from .report import print_bench, print_sweep, progress_bar, wide_console
+from .report import print_bench, print_rate, print_sweep, progress_bar, wide_console
 
 DISTRIBUTED_LAYERS = 16
 """The distributed bench's default number of blocks: at D = 2, stages of about 4.4 ms on the README's 2-core VM
@@ -45,6 +46,23 @@ def whole_numbers(
     return parse
 
 
+RATE_SEARCH = "max"
+"""The ``--rate`` that searches each contender's highest rate without a drop (``--rate`` alone gives it)."""
+
+
+def frame_rate(ctx: click.Context, param: click.Parameter, value: str | None) -> float | str | None:
+    """The ``--rate`` callback: a number of frames per second above 0, ``RATE_SEARCH``, or None."""
+    if value is None or value.strip().lower() == RATE_SEARCH:
+        return None if value is None else RATE_SEARCH
+    try:
+        fps = float(value)
+    except ValueError:
+        fps = math.nan
+    if not (math.isfinite(fps) and fps > 0):
+        raise click.BadParameter(f"frames per second (a number above 0, e.g. 120) or {RATE_SEARCH}; got {value!r}")
+    return fps
+
+
 def _advancing(bar: Progress, task: TaskID) -> Callable[[str], None]:
     """A progress callback that moves ``task`` on by one as each new label begins."""
     started = [False]
@@ -70,13 +88,13 @@ def _advancing(bar: Progress, task: TaskID) -> Callable[[str], None]:
     type=click.IntRange(min=5),
     default=300,
     show_default=True,
-    help="Samples timed per configuration (after a warm-up of 20).",
+    help="Samples timed per configuration (after a warm-up of 20); with --rate, frames timed per run.",
 )
 @click.option(
     "--depths",
     default=None,
     callback=whole_numbers("depths", "1,2,3,4"),
-    help="Pipeline depths D to time, comma-separated.  [default: 1,2,3,4; 2 with --sizes]",
+    help="Pipeline depths D to time, comma-separated.  [default: 1,2,3,4; 2 with --sizes or --rate]",
 )
 @click.option("--size", type=click.IntRange(min=1), default=None, help="Frame height and width.  [default: 32]")
 @click.option(
@@ -90,7 +108,31 @@ def _advancing(bar: Progress, task: TaskID) -> Callable[[str], None]:
     "slowest stage alone), interleaved in rounds, with latencies. --sizes alone sweeps "
     f"{','.join(str(s) for s in SWEEP_SIZES)}: stages of about 0.2 to 5 ms at D = 2 on a 2-core VM.",
 )
-@click.option("--rounds", type=click.IntRange(min=1), default=None, help="Rounds of the --sizes sweep.  [default: 5]")
+@click.option(
+    "--rate",
+    is_flag=False,
+    flag_value=RATE_SEARCH,
+    default=None,
+    callback=frame_rate,
+    help="Feed the frames as a live source (partime.sources.at_rate), read with when_behind='drop', to the plain "
+    "model (one thread and every core) and the pipeline (--depths, default 2): at --rate FPS frames per second, "
+    f"the frames each keeps, drops and their p50/p99 latency; --rate {RATE_SEARCH} (or --rate alone): each one's "
+    "highest rate at which a run of --samples frames drops none, in one of two tries (a bisection on a 2 % grid from "
+    "its speed on recorded frames, in each round), then the latencies at 50, 80 and 95 % of it.",
+)
+@click.option(
+    "--learn",
+    is_flag=True,
+    default=False,
+    help="With --rate: learn from every frame taken (the bench's learning: a head, cross-entropy on random labels, "
+    "SGD) instead of inferring.",
+)
+@click.option(
+    "--rounds",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Rounds of the --sizes sweep or of --rate, each running every contender in turn.  [default: 5]",
+)
 @click.option(
     "--model",
     type=click.Choice(list(MODELS)),
@@ -116,7 +158,8 @@ def _advancing(bar: Progress, task: TaskID) -> Callable[[str], None]:
     "--plot",
     "plot_path",
     type=click.Path(dir_okay=False, path_type=Path),
-    help="With --sizes: draw each contender's speed-up against the stage time in this PNG file.",
+    help="With --sizes: draw each contender's speed-up against the stage time in this PNG file; with --rate "
+    f"{RATE_SEARCH}: each one's latency against the offered rate, its highest rate marked.",
 )
 def bench(
     executor: str | None,
@@ -124,6 +167,8 @@ def bench(
     depths: tuple[int, ...] | None,
     size: int | None,
     sizes: tuple[int, ...] | None,
+    rate: float | str | None,
+    learn: bool,
     rounds: int | None,
     model: str | None,
     layers: int | None,
@@ -131,13 +176,21 @@ def bench(
     plot_path: Path | None,
 ) -> None:
     """Time streaming inference and online learning, sequential against pipelined (and, with --sizes,
-    against replicas and the bound, over a sweep of frame sizes)."""
+    against replicas and the bound, over a sweep of frame sizes); with --rate, how fast a live source
+    each keeps up with."""
     from .bench import MODES, run_bench
 
+    if rate is not None:
+        return _bench_rate(
+            rate, depths, executor, samples, size, layers, learn, rounds, model, sizes, json_path, plot_path
+        )
+    if learn:
+        raise click.BadParameter("goes with --rate only (the other benches time both modes)", param_hint="--learn")
     if sizes is None:
+        also = {"--rounds": ", or with --rate", "--plot": f", or with --rate {RATE_SEARCH}", "--model": ""}
         for value, option in ((rounds, "--rounds"), (model, "--model"), (plot_path, "--plot")):
             if value is not None:
-                raise click.BadParameter("goes with --sizes only", param_hint=option)
+                raise click.BadParameter(f"goes with --sizes only{also[option]}", param_hint=option)
     elif size is not None:
         raise click.BadParameter("give --size (one frame size) or --sizes (a sweep), not both", param_hint="--sizes")
     elif executor == "distributed":
@@ -209,6 +262,58 @@ def _bench_sweep(
         )
     if plot_path is not None:
         plot_sweep(rows, plot_path)
+        console.print(f"plot written to {plot_path}")
+
+
+def _bench_rate(
+    rate: float | str,
+    depths: tuple[int, ...] | None,
+    executor: str | None,
+    samples: int,
+    size: int | None,
+    layers: int | None,
+    learn: bool,
+    rounds: int | None,
+    model: str | None,
+    sizes: tuple[int, ...] | None,
+    json_path: Path | None,
+    plot_path: Path | None,
+) -> None:
+    """``partime bench --rate``: the plain model and the pipeline reading a live source; see ``bench_rate``."""
+    from .bench_plot import plot_rate
+    from .bench_rate import run_rate
+
+    for value, option in ((sizes, "--sizes"), (model, "--model")):
+        if value is not None:
+            raise click.BadParameter(
+                "--rate benches the bench's own model at one frame size (--size)", param_hint=option
+            )
+    if executor == "distributed":
+        raise click.BadParameter("--rate runs the process and thread executors", param_hint="--executor")
+    if plot_path is not None and rate != RATE_SEARCH:
+        raise click.BadParameter(f"draws latency against the rate: give --rate {RATE_SEARCH}", param_hint="--plot")
+    layers, depths = layers or 12, depths or (2,)
+    if max(depths) > layers + 1:
+        raise click.BadParameter(
+            f"the model has {layers + 1} layers: depths go up to {layers + 1}, got {max(depths)}", param_hint="--depths"
+        )
+    console = wide_console()
+    with progress_bar(console) as bar:
+        report = _advancing(bar, bar.add_task("starting", total=None))  # the searches take as many runs as they need
+        rows = run_rate(
+            rate=None if rate == RATE_SEARCH else float(rate),
+            depths=depths,
+            executor=executor or "process",
+            learning=learn,
+            size=size or 32,
+            layers=layers,
+            samples=samples,
+            rounds=rounds or 5,
+            progress=report,
+        )
+    print_rate(console, rows, json_path)
+    if plot_path is not None:
+        plot_rate(rows, plot_path)
         console.print(f"plot written to {plot_path}")
 
 

@@ -1,4 +1,5 @@
-"""The figure of ``partime bench --sizes --plot``: each contender's speed-up against the stage time."""
+"""The figures of ``partime bench --plot``: with ``--sizes``, each contender's speed-up against the stage
+time; with ``--rate max``, each one's latency against the offered rate."""
 
 from __future__ import annotations
 
@@ -56,6 +57,46 @@ def plot_sweep(rows: list[dict[str, Any]], path: Path) -> None:
     fig.suptitle(
         f"partime bench: a stem and {first['layers']} 3x3 convolutions of {first['channels']} channels, "
         f"batch-1 frames of {', '.join(str(s) for s in sorted({row['size'] for row in rows}))} pixels a side"
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_rate(rows: list[dict[str, Any]], path: Path) -> None:
+    """The rows of ``bench_rate.run_rate`` (a search): for every contender that kept up with some
+    rate, its p50 (solid) and p99 (dashed) latency against the offered rate, one point per rate
+    run, and its highest rate without a drop as a dotted vertical line; saved to ``path`` (PNG,
+    matplotlib's Agg backend)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    if not rows or any(row["sustained_fps"] is None for row in rows):
+        raise ValueError("the plot needs the rows of a search (run_rate with rate=None)")
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    names = list(dict.fromkeys(row["contender"] for row in rows))
+    for i, name in enumerate(names):
+        mine = sorted((r for r in rows if r["contender"] == name and r["offered"]), key=lambda r: r["offered_fps"])
+        if not mine:
+            continue  # it kept up with no rate: nothing ran below it
+        colour, fps = f"C{i % 10}", [row["offered_fps"] for row in mine]
+        for key, style, label in (("latency_p50_ms", "-", "p50"), ("latency_p99_ms", "--", "p99")):
+            ax.plot(
+                fps, [row[key] for row in mine], marker="o", linestyle=style, color=colour, label=f"{name}, {label}"
+            )
+        ax.axvline(mine[0]["sustained_fps"], color=colour, linestyle=":", linewidth=1.2)
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel("offered rate (frames per second); dotted: the highest rate without a drop")
+    ax.set_ylabel("latency, arrival to result (ms)")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize="small")
+    first = rows[0]
+    ax.set_title(
+        f"partime bench --rate, {first['mode']}: a stem and {first['layers']} 5x5 convolutions of "
+        f"{first['channels']} channels, {first['size']}x{first['size']} frames",
+        fontsize="medium",
     )
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -166,3 +166,100 @@ def sweep_table(rows: list[dict]) -> Table:
             cut,
         )
     return table
+
+
+def print_rate(console: Console, rows: list[dict], json_path: Path | None) -> None:
+    """The rows of ``bench_rate.run_rate``: the highest rates (if searched), the runs at each rate,
+    for each pipeline how it compares with the plain model, what was measured, and the JSON."""
+    first = rows[0]
+    contenders = list({row["contender"]: row for row in rows}.values())
+    if first["sustained_fps"] is not None:
+        console.print(rate_table(contenders))
+    console.print(rate_runs_table(rows))
+    seq = next(row for row in contenders if row["kind"] == "sequential" and row["threads"] == 1)
+    for row in rows:
+        if row["kind"] == "pipeline" and row["fraction"] == 0.8 and row["latency_p99_ms"] is not None:
+            console.print(
+                f"{row['contender']}: the highest rate {_figure(row['sustained_vs_seq_1thread'])}x that of sequential "
+                f"with one thread ({_figure(row['sustained_vs_seq_allcores'])}x with every core); p99 latency at 80 % "
+                f"of it {row['latency_p99_ms']:.2f} ms, {row['p99_over_seq_ms']:.2f}x sequential's time per sample "
+                f"({seq['ms_per_sample']:.2f} ms, one thread)"
+            )
+    console.print(
+        f"{first['cores']} cores; {first['mode']}; batch-1 frames 3x{first['size']}x{first['size']}; a stem and "
+        f"{first['layers']} blocks of 5x5 conv ({first['channels']} channels) + ReLU"
+        + (", a head, cross-entropy and SGD" if first["mode"] == "learning" else "")
+        + f"; each run: {first['warmup']} frames of warm-up, {first['samples']} timed, read with when_behind='drop'; "
+        f"{_count(first['rounds'], 'round')} that alternate the contenders; ms/sample: on recorded frames, median of "
+        f"{first['blocks']} blocks, median over rounds; latency: from a frame's arrival to its result, kept frames "
+        "of every round"
+    )
+    busy = first["others_busy"]
+    if busy is not None and busy > 0.1:
+        console.print(
+            f"[yellow]other processes kept {busy:.0%} of the CPUs busy: every figure is skewed; "
+            "run the bench again on a quiet machine"
+        )
+    if json_path is not None:
+        json_path.write_text(json.dumps(rows, indent=2) + "\n")
+        console.print(f"rows written to {json_path}")
+
+
+def rate_table(contenders: list[dict]) -> Table:
+    """One row of ``run_rate`` per contender: its speed on recorded frames and its highest rate."""
+    first = contenders[0]
+    table = Table(
+        title=f"partime bench --rate, {first['mode']}: the highest rate at which {first['samples']} frames drop none, "
+        "in one of two tries "
+        f"(median over {_count(first['rounds'], 'round')})"
+    )
+    names = ("contender", "ms/sample", "recorded fps", "highest fps", "per round", "× seq 1 thr", "× seq all cores")
+    for name in (*names, "cut"):
+        table.add_column(name, justify="left" if name in ("contender", "per round", "cut") else "right")
+    for row in contenders:
+        table.add_row(
+            row["contender"],
+            f"{row['ms_per_sample']:.2f}",
+            f"{1e3 / row['ms_per_sample']:.0f}",
+            f"{row['sustained_fps']:.0f}",
+            ", ".join(f"{fps:.0f}" for fps in row["sustained_fps_per_round"]),
+            _figure(row["sustained_vs_seq_1thread"]),
+            _figure(row["sustained_vs_seq_allcores"]),
+            "" if row["balance"] is None else str(row["balance"]),
+        )
+    if any(0 in row["sustained_fps_per_round"] for row in contenders):
+        table.caption = "0: it dropped frames at every rate it was tried at"
+    return table
+
+
+def rate_runs_table(rows: list[dict]) -> Table:
+    """The runs of ``run_rate`` at each rate, by contender: frames kept and dropped, and latencies."""
+    first = rows[0]
+    table = Table(
+        title=f"partime bench --rate, {first['mode']}: a live source at each rate ({_count(first['rounds'], 'run')} each)"
+    )
+    names = ("contender", "% of highest", "offered fps", "kept fps", "dropped", "p50 ms", "p99 ms", "p99 ÷ seq ms")
+    for name in names:
+        table.add_column(name, justify="left" if name == "contender" else "right")
+    for row in rows:
+        if not row["offered"]:
+            continue  # its sustained rate is 0: nothing ran
+        table.add_row(
+            row["contender"],
+            "" if row["fraction"] is None else f"{row['fraction']:.0%}",
+            f"{row['offered_fps']:.1f}",
+            f"{row['kept_fps']:.1f}",
+            f"{row['dropped']} of {row['offered']}",
+            _figure(row["latency_p50_ms"]),
+            _figure(row["latency_p99_ms"]),
+            _figure(row["p99_over_seq_ms"]),
+        )
+    return table
+
+
+def _figure(value: float | None) -> str:
+    return "" if value is None else f"{value:.2f}"
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}{'' if n == 1 else 's'}"
