@@ -92,6 +92,26 @@ def sgd(params: Any) -> torch.optim.Optimizer:
     return torch.optim.SGD(params, lr=LR)
 
 
+def plain_step(model: nn.Module, ys: torch.Tensor | None) -> Callable[[int, torch.Tensor], None]:
+    """The plain model's work on sample ``i``, ``x``: a forward without gradients (``ys`` None), or
+    a forward, the loss against ``ys[i]``, a backward and an SGD step."""
+    if ys is None:
+
+        def infer(i: int, x: torch.Tensor) -> None:
+            with torch.no_grad():
+                model(x)
+
+        return infer
+    loss_fn, optimizer = nn.CrossEntropyLoss(), sgd(model.parameters())
+
+    def learn(i: int, x: torch.Tensor) -> None:
+        optimizer.zero_grad()
+        loss_fn(model(x), ys[i]).backward()
+        optimizer.step()
+
+    return learn
+
+
 def run_bench(
     *,
     executor: str = "process",
@@ -223,18 +243,10 @@ def _time_sequential(
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        if ys is None:
+        step = plain_step(model, ys)
 
-            def one(i: int) -> None:
-                with torch.no_grad():
-                    model(xs[i])
-        else:
-            loss_fn, optimizer = nn.CrossEntropyLoss(), sgd(model.parameters())
-
-            def one(i: int) -> None:
-                optimizer.zero_grad()
-                loss_fn(model(xs[i]), ys[i]).backward()
-                optimizer.step()
+        def one(i: int) -> None:
+            step(i, xs[i])
 
         return median_ms(_stamps(one, warmup + samples + 1), warmup, blocks)
     finally:

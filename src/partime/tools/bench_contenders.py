@@ -34,7 +34,7 @@ from ..stage import Stage, StageConfig
 from ..traced import layers_of
 from ..traced_fused import fused
 from ..values import as_tensors
-from .bench import sgd
+from .bench import plain_step, sgd
 from .bench_latency import Offered
 from .bench_peers import Replicas
 
@@ -108,17 +108,7 @@ def sequential(threads: int) -> Contender:
 
     @contextmanager
     def open_(setting: Setting) -> Iterator[Opened]:
-        model, ys = copy.deepcopy(setting.model), setting.ys
-        loss_fn, optimizer = nn.CrossEntropyLoss(), sgd(model.parameters())
-
-        def one(i: int, x: Tensor) -> None:
-            if ys is None:
-                with torch.no_grad():
-                    model(x)
-            else:
-                optimizer.zero_grad()
-                loss_fn(model(x), ys[i]).backward()
-                optimizer.step()
+        one = plain_step(copy.deepcopy(setting.model), setting.ys)
 
         def run() -> Timing:
             with torch_threads(threads):

@@ -23,15 +23,14 @@ from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-from torch import Tensor, nn
+from torch import nn
 
 from ..arrivals import newest
 from ..partition import Partition
 from ..pipeline import Pipeline
 from ..planner import torch_threads
 from ..sources import MONOTONIC, Clock, at_rate
-from .bench import sgd
+from .bench import plain_step, sgd
 from .bench_contenders import Setting
 
 
@@ -75,17 +74,7 @@ def plain(threads: int) -> LiveContender:
 
     @contextmanager
     def open_(setting: Setting) -> Iterator[Live]:
-        model, ys = copy.deepcopy(setting.model), setting.ys
-        loss_fn, optimizer = nn.CrossEntropyLoss(), sgd(model.parameters())
-
-        def one(k: int, x: Tensor) -> None:
-            if ys is None:
-                with torch.no_grad():
-                    model(x)
-            else:
-                optimizer.zero_grad()
-                loss_fn(model(x), ys[k]).backward()
-                optimizer.step()
+        one = plain_step(copy.deepcopy(setting.model), setting.ys)
 
         def run(fps: float | None) -> Run:
             with torch_threads(threads):

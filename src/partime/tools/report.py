@@ -62,14 +62,7 @@ def print_bench(
         f"(32 channels) + ReLU; median over 5 blocks of {samples} samples"
     )
     busy = max([first.get("hop_others_busy") or 0.0] + [row["others_busy"] or 0.0 for row in rows])
-    if busy > 0.1:
-        console.print(
-            f"[yellow]other processes kept up to {busy:.0%} of the CPUs busy (column 'others'): "
-            "the rows where they did are skewed; run the bench again on a quiet machine"
-        )
-    if json_path is not None:
-        json_path.write_text(json.dumps(rows, indent=2) + "\n")
-        console.print(f"rows written to {json_path}")
+    _close(console, rows, json_path, busy, "up to", " (column 'others'): the rows where they did are skewed")
 
 
 def bench_table(rows: list[dict]) -> Table:
@@ -122,14 +115,7 @@ def print_sweep(console: Console, rows: list[dict], json_path: Path | None) -> N
         "comes out, over the timed samples of every round"
     )
     busy = max([row.get("hop_others_busy") or 0.0 for row in rows] + [row["others_busy"] or 0.0 for row in rows])
-    if busy > 0.1:
-        console.print(
-            f"[yellow]other processes kept up to {busy:.0%} of the CPUs busy (column 'others'): "
-            "the sizes where they did are skewed; run the bench again on a quiet machine"
-        )
-    if json_path is not None:
-        json_path.write_text(json.dumps(rows, indent=2) + "\n")
-        console.print(f"rows written to {json_path}")
+    _close(console, rows, json_path, busy, "up to", " (column 'others'): the sizes where they did are skewed")
 
 
 def sweep_table(rows: list[dict]) -> Table:
@@ -194,15 +180,7 @@ def print_rate(console: Console, rows: list[dict], json_path: Path | None) -> No
         f"{first['blocks']} blocks, median over rounds; latency: from a frame's arrival to its result, kept frames "
         "of every round"
     )
-    busy = first["others_busy"]
-    if busy is not None and busy > 0.1:
-        console.print(
-            f"[yellow]other processes kept {busy:.0%} of the CPUs busy: every figure is skewed; "
-            "run the bench again on a quiet machine"
-        )
-    if json_path is not None:
-        json_path.write_text(json.dumps(rows, indent=2) + "\n")
-        console.print(f"rows written to {json_path}")
+    _close(console, rows, json_path, first["others_busy"], "", ": every figure is skewed")
 
 
 def rate_table(contenders: list[dict]) -> Table:
@@ -263,3 +241,18 @@ def _figure(value: float | None) -> str:
 
 def _count(n: int, what: str) -> str:
     return f"{n} {what}{'' if n == 1 else 's'}"
+
+
+def _close(
+    console: Console, rows: list[dict], json_path: Path | None, busy: float | None, up_to: str, skewed: str
+) -> None:
+    """The end of a report: a warning if other processes kept (``up_to``) more than a tenth of the
+    CPUs ``busy`` (``skewed``: which figures that skews), and ``rows`` written to ``json_path``."""
+    if busy is not None and busy > 0.1:
+        console.print(
+            f"[yellow]other processes kept {up_to + ' ' if up_to else ''}{busy:.0%} of the CPUs busy{skewed}; "
+            "run the bench again on a quiet machine"
+        )
+    if json_path is not None:
+        json_path.write_text(json.dumps(rows, indent=2) + "\n")
+        console.print(f"rows written to {json_path}")
