@@ -103,8 +103,8 @@ class Scheduled:
             found.kept.append((item, at))
 
     def begin(self) -> None:
-        """The taker is ready: item 1 arrives one period from now (item 0 has arrived)."""
-        self._start = self.clock.now()
+        """The taker is ready: the next item arrives one period from now, and each after it a period later."""
+        self._start = self.clock.now() - (self._next - 1) / self._source.fps
 
     def close(self) -> None:
         pass
