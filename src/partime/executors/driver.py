@@ -106,14 +106,20 @@ class Driver(Executor):
             stage = Stage(i, self.stages[i], self.config)
         except Exception as exc:  # as a worker would report it
             raise stage_error(i, None, "start", exc) from exc
-        first, tick = links, 0
-        if state is not None:
-            try:
-                first, tick = resume(stage, links, stage_resume(state, i))
-            except Exception as exc:
-                raise stage_error(i, None, "resume", exc) from exc
+        first, tick = self.resumed(stage, links, state)
         self._hosted = HostedStage(stage, links, first=first, tick=tick, threads=self.threads or 1)
         return inputs, targets, results
+
+    @staticmethod
+    def resumed(stage: Stage, links: Links, state: dict[str, Any] | None) -> tuple[Links, int]:
+        """The links and the tick ``stage`` starts its first segment on: ``links`` at tick 0, or where
+        the checkpoint ``state`` left it (``transit.resume``); a failure is the stage's ``StageError``."""
+        if state is None:
+            return links, 0
+        try:
+            return resume(stage, links, stage_resume(state, stage.index))
+        except Exception as exc:
+            raise stage_error(stage.index, None, "resume", exc) from exc
 
     def feed(self, index: int, x: Any, y: Any) -> None:
         """Offer sample ``index``; ``x`` None is a skipped sample: a hole, sent without a target."""

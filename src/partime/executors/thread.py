@@ -45,7 +45,7 @@ import torch
 from ..errors import StageError
 from ..feeder import Feeder
 from ..stage import Stage
-from ..transit import executor_state, resume, stage_answer, stage_resume
+from ..transit import executor_state, stage_answer
 from ..transport import POLL_S, Aborted
 from ..worker import Links, Sent, Where, run_stage
 from .base import Layout, stage_error
@@ -87,12 +87,7 @@ class ThreadExecutor(Driver):
         self._threads: list[threading.Thread] = []
         for i, stage in enumerate(self._stages):
             links = replace(self.stage_links(i, acts, grads), spin_s=0.0)  # a spinning thread holds the GIL
-            first, tick = links, 0
-            if state is not None:
-                try:
-                    first, tick = resume(stage, links, stage_resume(state, i))
-                except Exception as exc:
-                    raise stage_error(i, None, "resume", exc) from exc
+            first, tick = self.resumed(stage, links, state)
             thread = threading.Thread(
                 target=self._work, args=(stage, first, links, tick), name=f"partime-stage-{i}", daemon=True
             )
