@@ -10,7 +10,7 @@ from torch import nn
 import partime
 
 SAMPLES = 12
-GRAD_MODES = ["stash", "weight-stash", "partime"]
+GRAD_MODES = ["stash", "weight-stash", "partime", "graph-stash"]
 
 
 def learning(grad_mode):

@@ -102,7 +102,7 @@ def resumed(depth, stop, path, ys=True, model=mlp, balance=None, **kw):
     ids=["plain", "lr-scale", "wp", "dc", "op+lm", "spike", "auto"],
 )
 @pytest.mark.parametrize("opt", OPTIMIZERS)
-@pytest.mark.parametrize("grad_mode", ["partime", "stash", "weight-stash"])
+@pytest.mark.parametrize("grad_mode", ["partime", "stash", "weight-stash", "graph-stash"])
 @pytest.mark.parametrize("depth", [1, 2, 3])
 def test_learning_resumes_exactly(tmp_path, depth, grad_mode, opt, compensation):
     kw = learning(grad_mode, opt, compensation)
@@ -126,7 +126,7 @@ def batchnorm_mlp(seed=0):
     )
 
 
-@pytest.mark.parametrize("grad_mode", ["partime", "stash", "weight-stash"])
+@pytest.mark.parametrize("grad_mode", ["partime", "stash", "weight-stash", "graph-stash"])
 def test_graphs_rebuilt_on_load_leave_batchnorm_statistics_alone(tmp_path, grad_mode):
     # In the warm-up the stages keep graphs of forwards that a later product reuses; loading builds
     # them again, which must not count as one more forward in the running statistics.

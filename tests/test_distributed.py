@@ -38,11 +38,13 @@ TUPLE_BALANCES = {2: [2, 2], 3: [2, 1, 1]}  # the first boundary carries a tuple
 OPTIMIZERS = {
     "sgd": lambda params: torch.optim.SGD(params, lr=0.05, momentum=0.9),
     "adam": lambda params: torch.optim.Adam(params, lr=1e-2),
+    "plain": lambda params: torch.optim.SGD(params, lr=0.05),
 }
 LEARNING = {  # every grad mode, each with its own optimizer
     "partime": "sgd",
     "stash": "adam",
     "weight-stash": "sgd",
+    "graph-stash": "plain",  # no weight prediction: the kept graph itself is under test
 }
 COMPENSATED = dict(
     loss_fn=nn.CrossEntropyLoss(),

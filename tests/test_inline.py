@@ -58,7 +58,7 @@ def column(values):
 #   tick 4: s0 b(2): dw0 = 4.0468 * x2 = 12.1404 -> partime w0 = -2.41004, stash w0 = -1.47804
 @pytest.mark.parametrize(
     "grad_mode, w0",
-    [("partime", -2.41004), ("stash", -1.47804), ("weight-stash", -1.47804)],
+    [("partime", -2.41004), ("stash", -1.47804), ("weight-stash", -1.47804), ("graph-stash", -1.47804)],
 )
 def test_hand_computed_trace_d2(grad_mode, w0):
     results, trained = run(scalar_chain([1.0, 2.0]), 2, column([1, 2, 3]), column([1, 1, 1]), grad_mode)
@@ -108,7 +108,7 @@ def spec_by_hand(weights, xs, ys, grad_mode, lr):
     return outputs, losses, w
 
 
-@pytest.mark.parametrize("grad_mode", ["partime", "stash", "weight-stash"])
+@pytest.mark.parametrize("grad_mode", ["partime", "stash", "weight-stash", "graph-stash"])
 @pytest.mark.parametrize("depth", [1, 2, 3, 4])
 def test_matches_the_spec_written_by_hand(grad_mode, depth):
     gen = torch.Generator().manual_seed(depth)
@@ -139,7 +139,7 @@ def test_matches_the_spec_written_by_hand(grad_mode, depth):
         "auto",
     ],
 )
-@pytest.mark.parametrize("grad_mode", ["partime", "stash", "weight-stash"])
+@pytest.mark.parametrize("grad_mode", ["partime", "stash", "weight-stash", "graph-stash"])
 @pytest.mark.parametrize(
     "make_opt",
     [sgd(0.05), lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9), lambda p: torch.optim.Adam(p, lr=1e-3)],

@@ -56,7 +56,7 @@ def test_at_one_stage_a_skipped_sample_is_one_that_was_never_there():
         assert torch.equal(p, q)
 
 
-@pytest.mark.parametrize("grad_mode", ["partime", "stash", "weight-stash"])
+@pytest.mark.parametrize("grad_mode", ["partime", "stash", "weight-stash", "graph-stash"])
 def test_when_every_sample_is_skipped_no_stage_ever_steps(grad_mode):
     xs, ys = stream(8, infinite=range(8))
     results, trained = run("inline", BALANCES[3], xs, ys, grad_mode=grad_mode)
@@ -81,7 +81,7 @@ def test_a_skipped_sample_leaves_the_others_alone_in_inference():
             assert r.output is None if r.skipped else torch.equal(r.output, model(x))
 
 
-@pytest.mark.parametrize("grad_mode", ["partime", "stash", "weight-stash"])
+@pytest.mark.parametrize("grad_mode", ["partime", "stash", "weight-stash", "graph-stash"])
 @pytest.mark.parametrize("depth", [1, 2, 3])
 def test_process_matches_inline_with_skipped_samples(depth, grad_mode):
     xs, ys = stream(30, holes=(0, 7, 8, 21, 29), infinite=(3, 8, 12, 13, 28))

@@ -35,7 +35,7 @@ def assert_same(a, b):
 
 @pytest.mark.parametrize("executor", ["process", "thread"])
 @pytest.mark.parametrize("opt", OPTIMIZERS)
-@pytest.mark.parametrize("grad_mode", ["partime", "stash", "weight-stash"])
+@pytest.mark.parametrize("grad_mode", ["partime", "stash", "weight-stash", "graph-stash"])
 @pytest.mark.parametrize("depth", [1, 2, 3])
 def test_learning_matches_inline(depth, grad_mode, opt, executor):
     xs, ys = classification_stream(120)

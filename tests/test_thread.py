@@ -50,7 +50,7 @@ def test_inference_equals_the_model():
         assert all(torch.equal(r.output, model(x)) for r, x in zip(results, xs, strict=True))
 
 
-@pytest.mark.parametrize("grad_mode", ["partime", "stash", "weight-stash"])
+@pytest.mark.parametrize("grad_mode", ["partime", "stash", "weight-stash", "graph-stash"])
 def test_skipped_samples_match_inline(grad_mode):
     xs, ys = stream(30, holes=(0, 7, 8, 21, 29), infinite=(3, 8, 12, 13, 28))
     kw = dict(loss_fn=scaled_loss, optimizer=OPTIMIZERS["sgd"], grad_mode=grad_mode, nonfinite="skip")

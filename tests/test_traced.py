@@ -25,7 +25,7 @@ from partime.traced import layers_of
 from partime.traced_partition import TracedPartition
 
 MODELS = ("resnet", "unet", "transformer")
-GRAD_MODES = ("partime", "stash", "weight-stash")
+GRAD_MODES = ("partime", "stash", "weight-stash", "graph-stash")
 
 
 def loss_for(name):

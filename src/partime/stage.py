@@ -9,18 +9,22 @@ The grad modes differ only in what the vector-Jacobian product of a late gradien
 
 - ``partime``: the stage's newest input and its current weights;
 - ``stash``: the input of the sample the gradient belongs to, and the current weights;
-- ``weight-stash``: that input, and the weights it went forward with.
+- ``weight-stash``: that input, and the weights it went forward with;
+- ``graph-stash``: the graph of that sample's own forward (its activations, its dropout masks),
+  run back with the current weights (``KeptGraph``): one forward per sample, no weight copy.
 
 With weight prediction (``compensation``), a forward runs with the predicted weights and the
 product of its gradient uses them too, whatever the grad mode.
 
 Where the graph of a forward is still valid for the product (built from the right input with
-weights that no step has changed since) it is reused instead of running the forward again: in
-``partime`` mode that is every tick with a forward, and at the last stage it is every tick.
+weights that no step has changed since, or kept by ``graph-stash``) it is reused instead of
+running the forward again: in ``partime`` mode that is every tick with a forward, at the last
+stage it is every tick, and in ``graph-stash`` mode every forward.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +32,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from .compensation import delay
+from .kept_graph import KeptGraph
 from .stage_config import GRAD_MODES, NONFINITE, LossFn, OptimizerFactory, StageConfig, check_loss_fn, takes_target
 from .stage_learning import compensation_state, load_compensation_state, make_learning, step
 from .stage_record import Forward, record_from, record_state, to_device, value_of
@@ -77,6 +83,16 @@ class Stage:
         self._params = [p for _, p in named]
         self._learning = make_learning(index, config, named)  # its optimizer and compensation
         self.optimizer = self._learning.optimizer
+        # graph-stash: a delayed stage's forwards keep their graphs across its steps (the last
+        # stage's graph serves in the tick it is made, and predicted weights are copies anyway)
+        self._kept = (
+            KeptGraph(index, self._params)
+            if config.grad_mode == "graph-stash"
+            and delay(index, config.depth) > 0
+            and self.optimizer is not None
+            and self._learning.predictor is None
+            else None
+        )
         self._anchors: dict[int, list[Tensor]] = {}  # delay-correction: the weights at each forward
         self._newest: Forward | None = None  # partime: the newest input
         self._pending: dict[int, Forward] = {}  # stash modes: forwards awaiting their gradient
@@ -100,6 +116,8 @@ class Stage:
             now = [w.detach() for w in record.weights]
         if self._learning.corrector is not None:
             self._anchors[sample] = now or self._learning.corrector.anchor()
+        if self._kept is not None:
+            record.saved = []
         record.outputs = self._run(record)
         if self.config.grad_mode == "partime":
             self._newest = record
@@ -211,7 +229,7 @@ class Stage:
             if kept_state["graph"]:
                 rebuild.append(record)
         for record in rebuild:
-            record.outputs = self._run(record, scratch_buffers=True)
+            record.outputs = self._run(record, scratch_buffers=True, replay=record.saved is not None)
         self._out_is_tuple = state["out_is_tuple"]
 
     # -- internals ------------------------------------------------------------------------------
@@ -222,15 +240,23 @@ class Stage:
             leaf.requires_grad_()
         return leaf
 
-    def _run(self, record: Forward, scratch_buffers: bool = False) -> tuple[Tensor, ...]:
+    def _run(self, record: Forward, scratch_buffers: bool = False, replay: bool = False) -> tuple[Tensor, ...]:
         """The forward of ``record.inputs`` with the weights the grad mode asks for, with graph;
-        with ``scratch_buffers``, on copies of the buffers (the module's own stay as they are)."""
+        with ``scratch_buffers``, on copies of the buffers (the module's own stay as they are).
+
+        A record with ``saved`` gets a graph kept across steps (``KeptGraph``): what it saves is
+        collected there, or, with ``replay``, taken from there (a checkpoint's copies)."""
         # On a clone, so that a layer working in place changes neither a stashed input nor a leaf.
         value = value_of(tuple(t.clone() for t in record.inputs), record.is_tuple)
         swapped = dict(zip(self._names, record.weights))
         if scratch_buffers:
             swapped.update((name, b.clone()) for name, b in self.module.named_buffers())
-        with torch.enable_grad():
+        hooks: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
+        if record.saved is not None:
+            assert self._kept is not None  # only a graph-stash stage's records save
+            keep = self._kept.replaying if replay else self._kept.keeping
+            hooks = keep(record.sample, record.saved)
+        with torch.enable_grad(), hooks:
             if swapped:
                 out = torch.func.functional_call(self.module, swapped, (value,))
             else:
@@ -294,5 +320,5 @@ class Stage:
         if self._newest is not None:
             self._newest.outputs = None
         for record in self._pending.values():
-            if not record.weights:
+            if not record.weights and record.saved is None:
                 record.outputs = None

@@ -18,7 +18,7 @@ from torch import Tensor, nn
 
 from .lookahead import described
 
-GRAD_MODES = ("partime", "stash", "weight-stash")
+GRAD_MODES = ("partime", "stash", "weight-stash", "graph-stash")
 NONFINITE = ("raise", "skip")
 
 OptimizerFactory = Callable[[Any], torch.optim.Optimizer]

@@ -1,9 +1,9 @@
 """What a stage keeps of one forward, and its copy in a checkpoint (internal module).
 
 A ``Forward`` holds what the later product of a sample's gradient needs: its inputs (leaves),
-the weights it went forward with where the grad mode keeps them, and its graph while valid.
-``record_state`` copies one into plain values; ``record_from`` makes it again, without its
-graph. ``value_of`` (re-exported by ``partime.stage``) and ``to_device`` handle the values
+the weights it went forward with where the grad mode keeps them, and its graph while valid
+(in ``graph-stash`` mode, until the product, with the tensors it saved). ``record_state``
+copies one into plain values; ``record_from`` makes it again, without its graph. ``value_of`` (re-exported by ``partime.stage``) and ``to_device`` handle the values
 that cross a stage boundary: a tensor or a tuple of tensors.
 """
 
@@ -28,6 +28,7 @@ class Forward:
     is_tuple: bool  # whether the input value was a tuple
     weights: list[Tensor] = field(default_factory=list)  # weight-stash: the weights it went with
     outputs: tuple[Tensor, ...] | None = None  # with their graph, while it is valid
+    saved: list[Tensor] | None = None  # graph-stash: what its kept graph saved, parameters aside
 
 
 def record_state(record: Forward) -> dict[str, Any]:
@@ -38,6 +39,7 @@ def record_state(record: Forward) -> dict[str, Any]:
         "is_tuple": record.is_tuple,
         "weights": copy_tensors(record.weights),
         "graph": record.outputs is not None,
+        "saved": None if record.saved is None else copy_tensors(record.saved),
     }
 
 
@@ -46,7 +48,14 @@ def record_from(state: dict[str, Any], leaf: Callable[[Tensor], Tensor], device:
     without its graph."""
     inputs = tuple(leaf(t.to(device)) for t in state["inputs"])
     weights = [w.detach().to(device).requires_grad_() for w in state["weights"]]
-    return Forward(state["sample"], inputs, state["is_tuple"], weights)
+    saved = state.get("saved")  # a checkpoint made before graph-stash has none
+    return Forward(
+        state["sample"],
+        inputs,
+        state["is_tuple"],
+        weights,
+        saved=None if saved is None else [t.to(device) for t in saved],
+    )
 
 
 def value_of(tensors: tuple[Tensor, ...], is_tuple: bool) -> Any:
