@@ -52,7 +52,8 @@ def test_the_live_sources_example_runs(tmp_path):
 # Where the users' copy of the contract may differ from shared/SPEC.md, and why: the contract covers
 # features before they are built, and the copy grows with the feature that implements it.
 SPEC_DIFFERENCES = {
-    "Learning: loss and backward": "stash is the default grad mode (README, Learning with delay)",
+    "Learning: loss and backward": "graph-stash, a fourth grad mode, is the default: one forward per sample "
+    "(README, Learning with delay)",
 }
 SPEC_PENDING = {
     "Random and stateful layers": "a re-run forward draws the sample's own random numbers; seeded stage streams",

@@ -1,10 +1,10 @@
 """Whether the pipeline ``balance="auto"`` chose is faster than the model as it is, measured (internal module).
 
 The planner predicts a stage's time from its layers' forward (and backward) and the copies of its
-boundaries. A stage's tick holds more: when it learns, ``stash`` mode runs the forward of a late
-gradient's sample again, the compensation keeps and corrects weights, the optimizer steps, and
-each of those costs Python time that no layer's timing sees; on small stages that is most of the
-tick. So before ``"auto"`` keeps a pipeline, ``confirmed`` runs each stage of its cut as partime's
+boundaries. A stage's tick holds more: when it learns, the grad mode keeps the forward's graph
+or runs a late gradient's sample forward again (``stash``), the compensation keeps and corrects
+weights, the optimizer steps, and each of those costs Python time that no layer's timing sees;
+on small stages that is most of the tick. So before ``"auto"`` keeps a pipeline, ``confirmed`` runs each stage of its cut as partime's
 own ``Stage`` for a few ticks of a steady stream (a forward per tick and, when learning, the
 product of a gradient of ones for the sample its delay gives, and the step), adds what its
 boundaries cost it per tick (``Partition.hop_costs``), and runs the whole model as one ``Stage``

@@ -34,12 +34,22 @@ from torch import Tensor, nn
 
 from .compensation import delay
 from .kept_graph import KeptGraph
-from .stage_config import GRAD_MODES, NONFINITE, LossFn, OptimizerFactory, StageConfig, check_loss_fn, takes_target
+from .stage_config import (
+    DEFAULT_GRAD_MODE,
+    GRAD_MODES,
+    NONFINITE,
+    LossFn,
+    OptimizerFactory,
+    StageConfig,
+    check_loss_fn,
+    takes_target,
+)
 from .stage_learning import compensation_state, load_compensation_state, make_learning, step
 from .stage_record import Forward, record_from, record_state, to_device, value_of
 from .values import as_tensors, copy_tensors, is_float
 
 __all__ = [
+    "DEFAULT_GRAD_MODE",
     "GRAD_MODES",
     "NONFINITE",
     "Learnt",

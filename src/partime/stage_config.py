@@ -1,7 +1,8 @@
 """What configures a pipeline's stages, and the checks of it (internal module).
 
 ``StageConfig`` is what every stage of one pipeline shares; ``GRAD_MODES`` and ``NONFINITE``
-are the values its ``grad_mode`` and ``nonfinite`` may take. ``check_loss_fn`` and
+are the values its ``grad_mode`` and ``nonfinite`` may take, ``DEFAULT_GRAD_MODE`` the grad mode
+of a pipeline that chooses none. ``check_loss_fn`` and
 ``takes_target`` judge a loss function before any sample runs. All are re-exported by
 ``partime.stage``.
 """
@@ -19,6 +20,8 @@ from torch import Tensor, nn
 from .lookahead import described
 
 GRAD_MODES = ("partime", "stash", "weight-stash", "graph-stash")
+DEFAULT_GRAD_MODE = "graph-stash"
+"""What a pipeline learns with when no grad mode is chosen: one forward per sample, no weight copy."""
 NONFINITE = ("raise", "skip")
 
 OptimizerFactory = Callable[[Any], torch.optim.Optimizer]
@@ -32,7 +35,7 @@ class StageConfig:
     depth: int
     loss_fn: LossFn | None = None
     optimizer: OptimizerFactory | None = None
-    grad_mode: str = "stash"
+    grad_mode: str = DEFAULT_GRAD_MODE
     supervised: bool = False
     compensation: tuple[str, ...] = ()
     nonfinite: str = "raise"  # a non-finite loss: "raise", or "skip" (no gradient, no step)
