@@ -181,3 +181,57 @@ def test_delay_correction_keeps_one_copy_of_the_weights_per_sample_in_flight(gra
     assert sorted(stage._anchors) == [1, 2]
     stage.drop(1)
     assert sorted(stage._anchors) == [2]
+
+
+@pytest.mark.parametrize(
+    "compensation, make_opt",
+    [
+        (("delay-correction",), lambda p, **kw: torch.optim.SGD(p, lr=0.1, **kw)),
+        (("step-scale",), lambda p, **kw: torch.optim.SGD(p, lr=0.1, **kw)),
+        (("lr-scale",), lambda p, **kw: torch.optim.SGD(p, lr=0.1, **kw)),
+        (("weight-prediction",), lambda p, **kw: torch.optim.SGD(p, lr=0.1, momentum=0.5, **kw)),
+        (("optimizer-prediction",), lambda p, **kw: torch.optim.SGD(p, lr=0.1, momentum=0.5, **kw)),
+        (("optimizer-prediction", "long-momentum"), lambda p, **kw: torch.optim.Adam(p, lr=1e-2, **kw)),
+        (("spike",), lambda p, **kw: torch.optim.SGD(p, lr=0.1, momentum=0.5, weight_decay=0.01, **kw)),
+        (("spike",), lambda p, **kw: torch.optim.AdamW(p, lr=1e-2, **kw)),
+        ("auto", lambda p, **kw: torch.optim.SGD(p, lr=0.1, **kw)),
+        ("auto", lambda p, **kw: torch.optim.Adam(p, lr=1e-2, **kw)),
+    ],
+    ids=[
+        "delay-correction",
+        "step-scale",
+        "lr-scale",
+        "weight-prediction",
+        "optimizer-prediction-momentum",
+        "optimizer-prediction-long-momentum-adam",
+        "spike-momentum-weight-decay",
+        "spike-adamw",
+        "auto-sgd",
+        "auto-adam",
+    ],
+)
+def test_maximizing_the_negated_loss_learns_exactly_as_minimizing_the_loss(compensation, make_opt):
+    xs, ys = classification_stream(12)
+    cross_entropy = nn.CrossEntropyLoss()
+    runs = []
+    for loss_fn, maximize in [(cross_entropy, False), (lambda out, y: -cross_entropy(out, y), True)]:
+        optimizer = lambda params, maximize=maximize: make_opt(params, maximize=maximize)
+        kw = dict(loss_fn=loss_fn, optimizer=optimizer, compensation=compensation)
+        with partime.Pipeline(mlp(), [3, 4], executor="inline", **kw) as pipe:
+            losses = [r.loss for r in pipe.stream(xs, ys)]
+            runs.append((losses, list(pipe.module.parameters())))
+    (minimized, weights), (maximized, maximized_weights) = runs
+    assert maximized == [-loss for loss in minimized]
+    assert all(torch.equal(p, q) for p, q in zip(weights, maximized_weights))
+
+
+def test_delay_correction_reads_which_way_the_optimizer_goes():
+    param = nn.Parameter(torch.tensor([[1.0, 2.0]]))
+    optimizer = torch.optim.SGD([param], lr=0.1, maximize=True)
+    correction = DelayCorrection([("weight", param)], strength=1.5, optimizer=optimizer)
+    anchor = correction.anchor()
+    with torch.no_grad():
+        param += torch.tensor([[0.5, -0.5]])
+    param.grad = torch.tensor([[1.0, 0.2]])  # maximizing: the steps since went +0.4 along g, the way it asks
+    [factors] = correction.correct(anchor)
+    assert factors.tolist() == pytest.approx([1 - 1.5 * 0.4])

@@ -205,3 +205,45 @@ def test_a_model_that_does_not_fit_its_sample_names_the_stage_and_shapes():
     with partime.Pipeline(model, [2, 1], executor="process") as pipe:
         with pytest.raises(partime.StageError, match=r"stage 1, sample 0, forward: RuntimeError: .*2x8 and 9x3"):
             pipe.step(torch.randn(2, 6))
+
+
+@pytest.mark.parametrize("device", ["cpu", torch.device("cpu")], ids=["str", "torch.device"])
+@pytest.mark.parametrize("executor", ["inline", "thread"])
+def test_one_device_puts_every_stage_on_it(device, executor):
+    xs = torch.randn(4, 2, 6)
+    with partime.Pipeline(mlp(), [3, 4], executor=executor, devices=device) as pipe:
+        assert pipe._devices == ["cpu", "cpu"]
+        outputs = [r.output for r in pipe.stream(xs)]
+    with torch.no_grad():
+        assert all(torch.equal(out, mlp()(x)) for out, x in zip(outputs, xs))
+
+
+def test_a_device_this_machine_does_not_have_is_refused_when_the_pipeline_is_made():
+    missing = f"cuda:{torch.cuda.device_count()}"  # one past the last: no machine has it
+    with pytest.raises(ValueError, match=rf"stage 1 is on device {missing!r}, which this machine does not have: .*"):
+        partime.Pipeline(mlp(), [3, 4], executor="inline", devices=["cpu", missing])
+    with pytest.raises(ValueError, match=rf"stage 0 is on device {missing!r}.*devices this machine has: cpu"):
+        partime.Pipeline(mlp(), [3, 4], executor="inline", devices=missing)
+    if not torch.backends.mps.is_available():
+        with pytest.raises(ValueError, match=r"stage 0 is on device 'mps'.*torch.backends.mps.is_available\(\)"):
+            partime.Pipeline(mlp(), [3, 4], executor="inline", devices="mps")
+    with pytest.raises(ValueError, match=r"devices\[1\] is 'gpu', which is no device torch knows"):
+        partime.Pipeline(mlp(), [3, 4], executor="inline", devices=["cpu", "gpu"])
+    with pytest.raises(ValueError, match=r"devices is 'c:0', which is no device torch knows"):
+        partime.Pipeline(mlp(), [3, 4], executor="inline", devices="c:0")
+    with pytest.raises(
+        ValueError, match=rf"puts every stage on the CPU, so it takes no other device \(got {missing!r}\)"
+    ):
+        partime.Pipeline(mlp(), "auto", executor="inline", devices=missing, sample=torch.randn(2, 6))
+    with pytest.raises(ValueError, match=r"leave devices=None, got \['cpu', 'cpu'\]"):
+        partime.Pipeline(mlp(), [3, 4], executor="distributed", devices="cpu")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_cuda_on_a_machine_without_it_is_refused_with_what_it_has():
+    with pytest.raises(
+        ValueError,
+        match=r"stage 1 is on device 'cuda:0', which this machine does not have: "
+        r"torch.cuda.is_available\(\) is False .*; devices this machine has: cpu",
+    ):
+        partime.Pipeline(mlp(), [3, 4], executor="inline", devices=["cpu", "cuda:0"])

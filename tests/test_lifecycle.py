@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import warnings
 
@@ -261,3 +262,89 @@ def test_after_a_break_out_of_a_stream_the_results_in_flight_come_out_first(exec
     )
     assert [r.index for r in first + rest] == list(range(9))
     assert [r.loss for r in first + rest] == reference
+
+
+ONE_CALLER = r"a pipeline is used by one caller at a time"
+
+
+@pytest.mark.parametrize("executor", ["inline", "thread"])
+def test_a_second_stream_or_a_step_while_a_stream_is_not_finished_is_refused(executor):
+    xs = [torch.randn(2, 6) for _ in range(8)]
+    with partime.Pipeline(mlp(), [3, 4], executor=executor, threads=1) as pipe:
+        first, second = pipe.stream(xs[:4]), pipe.stream(xs[4:])
+        assert next(first).index == 0
+        with pytest.raises(
+            RuntimeError, match=rf"stream\(\) was called while a stream\(\) .* not finished.*{ONE_CALLER}"
+        ):
+            next(second)
+        with pytest.raises(RuntimeError, match=rf"stream\(\) was called .*{ONE_CALLER}.*close it"):
+            pipe.stream(xs[4:])
+        with pytest.raises(RuntimeError, match=rf"step\(\) was called while a stream\(\) .*{ONE_CALLER}"):
+            pipe.step(xs[0])
+        with pytest.raises(RuntimeError, match=rf"flush\(\) was called while .*{ONE_CALLER}"):
+            pipe.flush()
+        # nothing was fed by the refused calls: the first stream goes on as if they had not been made
+        assert [r.index for r in first] == [1, 2, 3]
+        assert [r.index for r in pipe.stream(xs[4:])] == [4, 5, 6, 7]
+        # a stream closed before its end lets the next call in; the samples in flight come out first
+        third = pipe.stream(xs)
+        assert next(third).index == 8  # 9 and 10 went in (a pipeline of 2 stages, a tick ahead)
+        third.close()
+        assert pipe.step(xs[0]).index == 9
+        assert [r.index for r in pipe.flush()] == [10, 11]
+
+
+def test_a_stream_left_by_a_break_and_let_go_does_not_block_the_next_call():
+    xs = [torch.randn(2, 6) for _ in range(8)]
+    with partime.Pipeline(mlp(), [3, 4], executor="inline") as pipe:
+        for r in pipe.stream(xs):
+            if r.index == 1:
+                break
+        assert pipe.step(xs[0]).index == 2  # the stream let go at once: 2 was in flight
+        results = pipe.stream(xs)
+        assert next(results).index == 3
+        del results  # let go: closed
+        gc.collect()
+        assert [r.index for r in pipe.flush()] == [4, 5]
+
+
+GATE: dict = {}
+"""The events of ``Gate``: kept out of the module, which the pipeline copies."""
+
+
+class Gate(nn.Module):
+    """Holds its first forward until ``GATE["release"]`` is set, having set ``GATE["entered"]``."""
+
+    def forward(self, x):
+        if not GATE["entered"].is_set():
+            GATE["entered"].set()
+            assert GATE["release"].wait(5.0)
+        return x
+
+
+@pytest.mark.parametrize("executor", ["inline", "thread"])
+def test_step_from_two_threads_at_once_is_refused_in_the_second(executor):
+    GATE.update(entered=threading.Event(), release=threading.Event())
+    xs = [torch.randn(2, 6) for _ in range(2)]
+    errors, handed = [], []
+
+    def two_steps():  # the second waits for result 0, which waits for the gate
+        try:
+            handed.extend(pipe.step(x) for x in xs)
+        except BaseException as exc:  # noqa: BLE001 - the test reports it
+            errors.append(exc)
+
+    with partime.Pipeline(nn.Sequential(Gate(), nn.Linear(6, 3)), [1, 1], executor=executor, threads=1) as pipe:
+        other = threading.Thread(target=two_steps)
+        other.start()
+        try:
+            assert GATE["entered"].wait(5.0)
+            time.sleep(0.3)  # the other thread is inside a step now: blocked until the gate opens
+            with pytest.raises(RuntimeError, match=rf"step\(\) was called while a step\(\) .*{ONE_CALLER}"):
+                pipe.step(xs[0])
+        finally:
+            GATE["release"].set()
+            other.join(5.0)
+        assert not errors
+        assert [r and r.index for r in handed] == [None, 0]
+        assert [r.index for r in pipe.flush()] == [1]  # the refused step fed nothing, nor used up an index

@@ -7,10 +7,13 @@ executor: what a take finds depends only on the clock, and the clock only on the
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 import weakref
+from fractions import Fraction
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -269,6 +272,41 @@ def test_a_break_out_of_a_live_stream_joins_its_reader():
     assert not source_threads()
 
 
+def test_a_break_out_of_a_stalled_live_stream_returns_at_once_and_says_its_reader_is_blocked(caplog):
+    stalled, released = threading.Event(), threading.Event()
+
+    def stalling():
+        yield from numbered(2)
+        stalled.set()
+        released.wait()  # a camera that stopped sending frames
+        yield from numbered(2)
+
+    try:
+        with Pipeline(small_model(), 1, executor="inline") as pipe:
+            results = pipe.stream(stalling(), when_behind="drop")
+            with caplog.at_level("WARNING", logger="partime.arrivals"):
+                for r in results:
+                    if r.index == 1:  # the last item before the source stalls
+                        assert stalled.wait(5.0)
+                        break
+                start = time.monotonic()
+                results.close()  # what leaving the loop does, once the generator is let go
+                took = time.monotonic() - start
+        assert took < 0.5
+        [warning] = [r for r in caplog.records if r.name == "partime.arrivals"]
+        assert warning.levelname == "WARNING"
+        assert re.search(
+            r"thread reading its source \(generator .*stalling\) is still blocked in the source's iterator "
+            r".*: it is a daemon thread, and it will end when the iterator yields",
+            warning.getMessage(),
+        )
+    finally:
+        released.set()
+    for thread in source_threads():
+        thread.join(5.0)
+    assert not source_threads()
+
+
 def test_an_unknown_policy_is_refused_at_once():
     with Pipeline(small_model(), 1, executor="inline") as pipe:
         with pytest.raises(ValueError, match=r"when_behind must be one of \('wait', 'drop'\), not 'skip'"):
@@ -327,11 +365,21 @@ def test_at_rate_paces_in_real_time_and_refuses_a_bad_rate():
     start = time.monotonic()
     assert list(at_rate(range(5), 200)) == list(range(5))
     assert time.monotonic() - start >= 4 / 200
-    for fps in (0, -1, float("inf"), float("nan"), "30"):
+    for fps in (0, -1, float("inf"), float("nan"), "30", True, np.float64("nan"), np.int64(0), np.bool_(True)):
         with pytest.raises(ValueError, match="fps must be a finite number"):
             at_rate(range(3), fps)
     with pytest.raises(ValueError, match="a clock only moves on"):
         FakeClock().advance(-1)
+
+
+@pytest.mark.parametrize(
+    "fps", [Fraction(30000, 1001), np.float64(30.0), np.int64(30), np.float32(29.97), 30, 29.97], ids=repr
+)
+def test_at_rate_takes_any_real_number_of_items_per_second(fps):
+    clock = FakeClock()
+    source = at_rate(range(3), fps, clock=clock)
+    assert source.fps == float(fps) and type(source.fps) is float
+    assert [(item, clock.now()) for item in source] == [(k, k / float(fps)) for k in range(3)]
 
 
 def test_newest_reads_a_live_source_as_drop_does_for_a_plain_loop():

@@ -106,3 +106,48 @@ def test_errors_name_the_values() -> None:
     with pytest.raises(ValueError, match=r"output \(2, 3\), target \(3,\) \(expected \(2,\)\)"):
         metrics.update(logits(0, 1), torch.tensor([0, 1, 2]))
     assert metrics.count == 0
+
+
+def test_a_result_with_no_output_is_counted_not_scored() -> None:
+    import partime
+    from partime.sources import FakeClock, at_rate
+
+    metrics = OnlineMetrics(window=2)
+    metrics.update(logits(0), torch.tensor([0]), loss=0.5)
+    metrics.update(None, None)  # a dropped result: no output, no target
+    metrics.update(None, torch.tensor([1]))  # a skipped input: no output, its target
+    metrics.update(logits(1), torch.tensor([0]), loss=1.5)
+    assert (metrics.count, metrics.unscored, metrics.rows) == (4, 2, 2)
+    assert (metrics.accuracy, metrics.loss) == (0.5, 1.0)
+    assert metrics.history()["rolling_accuracy"] == [1.0, 1.0, 1.0, 0.5]  # one entry per result
+    assert "unscored=2" in repr(metrics)
+
+    # the README's loop, over every result of a stream that drops and skips samples
+    clock = FakeClock()
+
+    class Slow(torch.nn.Module):  # each forward takes 0.15 s of the fake clock: a 10 fps source is too fast
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            clock.advance(0.15)
+            return x
+
+    xs = [torch.randn(1, 3) for _ in range(8)]
+    xs[5] = torch.full((1, 3), math.nan)
+    ys = [torch.tensor([k % 3]) for k in range(8)]
+    model = torch.nn.Sequential(Slow(), torch.nn.Linear(3, 3))
+    kw = dict(executor="inline", loss_fn=torch.nn.CrossEntropyLoss(), nonfinite="skip")
+    metrics = OnlineMetrics()
+    with partime.Pipeline(model, [1, 1], optimizer=lambda p: torch.optim.SGD(p, lr=0.1), **kw) as pipe:
+        results = list(pipe.stream(at_rate(list(zip(xs, ys)), 10, clock=clock), when_behind="drop"))
+    for r in results:
+        metrics.update(r.output, r.target, loss=r.loss)
+    unscored = [r for r in results if r.output is None]
+    assert any(r.dropped for r in unscored) and any(r.skipped for r in unscored)
+    assert (metrics.count, metrics.unscored) == (len(results), len(unscored))
+    assert metrics.rows == len(results) - len(unscored)
+
+
+def test_update_with_an_output_and_nothing_to_score_it_by_still_raises() -> None:
+    metrics = OnlineMetrics()
+    with pytest.raises(ValueError, match="got an output but neither"):
+        metrics.update(logits(0))
+    assert metrics.count == 0

@@ -325,3 +325,26 @@ def test_a_frozen_last_stage_takes_any_loss():
     xs, ys = stream()
     with partime.Pipeline(partly, [2, 1], executor="inline", loss_fn=constant, optimizer=sgd) as pipe:
         assert len(list(pipe.stream(xs, ys))) == 5
+
+
+@pytest.mark.parametrize("executor", ["inline", "thread", "process"])
+@pytest.mark.parametrize("off", [torch.no_grad, torch.inference_mode], ids=["no_grad", "inference_mode"])
+def test_learning_under_no_grad_is_refused_in_the_caller_naming_it_not_the_loss(executor, off):
+    where = {torch.no_grad: r"torch.no_grad\(\)", torch.inference_mode: r"torch.inference_mode\(\)"}[off]
+    refused = rf"this pipeline learns, but {{}} was called under {where} .*nothing was fed.*metric code only"
+    xs, ys = stream(4)
+    with partime.Pipeline(model(), [2, 1], executor=executor, threads=1, loss_fn=MSE, optimizer=sgd) as pipe:
+        with off():
+            with pytest.raises(RuntimeError, match=refused.format(r"step\(\)")):
+                pipe.step(xs[0], ys[0])
+            items = iter(zip(xs, ys))
+            with pytest.raises(RuntimeError, match=refused.format(r"stream\(\)")):
+                list(pipe.stream(items))
+        assert next(items)[0] is xs[0]  # the stream took no item
+        assert pipe.step(xs[0], ys[0]) is None
+        with off():
+            with pytest.raises(RuntimeError, match=refused.format(r"flush\(\)")):
+                pipe.flush()  # its ticks would run the backward of the sample in flight
+        results = [pipe.step(x, y) for x, y in zip(xs[1:], ys[1:])] + pipe.flush()
+    assert [r.index for r in results if r is not None] == [0, 1, 2, 3]  # the refused calls used up no index
+    assert [r.loss for r in results if r is not None] == run(n=4)[0]

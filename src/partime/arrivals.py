@@ -20,6 +20,7 @@ reader holds is one item whatever the source's pace.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -27,10 +28,14 @@ from typing import Any
 
 from .sources import MONOTONIC, Clock, Paced
 
+log = logging.getLogger(__name__)
+
 WHEN_BEHIND = ("wait", "drop")
 
-JOIN_S = 5.0
-"""How long closing a ``Threaded`` reader waits for its thread to finish the item it is reading."""
+JOIN_S = 0.1
+"""How long closing a ``Threaded`` reader waits for its thread to finish the item it is reading:
+a camera's next frame (33 ms at 30 fps) comes within it. A thread still reading then is blocked
+in the source's own iterator; it is left to end, as the daemon thread it is, once that yields."""
 
 
 @dataclass
@@ -115,8 +120,9 @@ class Threaded:
     a take waits for an item and keeps the newest one waiting (see the module docstring).
 
     What the iterable raises is raised by the next take. ``close`` asks the thread to stop and
-    joins it: it ends once the item it is reading has come (a source that never yields again is
-    left to its daemon thread after ``JOIN_S``).
+    returns within ``JOIN_S``: the thread ends once the item it is reading has come. One that has
+    not come by then (a source that stalled in its iterator) is not waited for: the thread, a
+    daemon, is left blocked there and ends when the source yields, and a warning says so.
     """
 
     live = True
@@ -165,7 +171,25 @@ class Threaded:
 
     def close(self) -> None:
         self._stop.set()
+        # Past its own few lines the thread runs only the source's iterator, so one still alive
+        # after a short wait is blocked in it, and nothing the caller does can end that sooner.
         self._thread.join(JOIN_S)
+        if self._thread.is_alive():
+            log.warning(
+                "the stream has ended, but the thread reading its source (%s) is still blocked in the "
+                "source's iterator (it did not yield within %.1f s): it is a daemon thread, and it will "
+                "end when the iterator yields (or the program exits)",
+                _described(self._items),
+                JOIN_S,
+            )
+        with self._ready:
+            self._waiting = None  # let go of the newest item: nobody takes it now
+
+
+def _described(items: object) -> str:
+    """``items`` in a message: its type, and the name of a generator's function."""
+    name = getattr(items, "__qualname__", None)
+    return f"{type(items).__name__} {name}" if name else type(items).__name__
 
 
 Inbox = Pulled | Scheduled | Threaded

@@ -221,12 +221,26 @@ class DelayCorrection:
     scales each unit's part ``g_u`` of it in place by
     ``clip(1 + λ g_uᵀ(θ_u now − θ_u at the anchor), floor, 1)`` with ``λ = strength``, and returns
     the factors, one tensor per layer's units.
+
+    With the ``optimizer`` that steps the parameters, a parameter of a group that maximizes
+    (``maximize=True``, whose step goes along ``+g``) has ``−g_uᵀΔθ_u`` in its factor: the steps
+    since went the way its gradient asks when that product is positive. Maximizing ``−loss`` is then
+    corrected exactly as minimizing ``loss``. Without it every parameter is taken to minimize.
     """
 
-    def __init__(self, named: Sequence[tuple[str, Tensor]], strength: float | None = None):
+    def __init__(
+        self,
+        named: Sequence[tuple[str, Tensor]],
+        strength: float | None = None,
+        optimizer: torch.optim.Optimizer | None = None,
+    ):
         self.params = [p for _, p in named]
         self.strength = DELAY_CORRECTION_STRENGTH if strength is None else strength
         self.groups = output_units(named)  # the parameters that share one set of units
+        groups = optimizer.param_groups if optimizer is not None else []
+        ascended = {id(p) for group in groups if group.get("maximize", False) for p in group["params"]}
+        # whether each parameter's step goes along +g (read once: a group's maximize is set when it is made)
+        self.maximize = [id(p) in ascended for p in self.params]
 
     def anchor(self) -> list[Tensor]:
         """Copies of the weights now, for the gradient of the sample going forward."""
@@ -240,7 +254,9 @@ class DelayCorrection:
             grads = [(i, grad) for i in group if (grad := self.params[i].grad) is not None]
             if not grads:
                 continue
+            # g_uᵀΔθ_u along the way the optimizer goes: negated where it ascends (exact in floats)
             terms = [_per_row(grad * (self.params[i] - anchor[i])) for i, grad in grads]
+            terms = [-t if self.maximize[i] else t for (i, _), t in zip(grads, terms)]
             moved = sum(terms[1:], terms[0])  # a tensor: with a start, sum() never gives its 0
             factor = (1.0 + self.strength * moved).clamp_(DELAY_CORRECTION_FLOOR, 1.0)
             for _, grad in grads:

@@ -3,7 +3,9 @@
 In test-then-train (prequential) evaluation every sample is scored by the output the model gave
 it *before* learning from it, so the score is an honest estimate on data not yet trained on. A
 pipeline's result is exactly that: its output left the last stage before its own gradient was
-applied. Feed each result to ``OnlineMetrics.update`` with the target of its sample.
+applied. Feed every result to ``OnlineMetrics.update``: ``update(r.output, r.target, loss=r.loss)``.
+A result with no output (a sample dropped under ``when_behind="drop"``, or skipped under
+``nonfinite="skip"`` for a non-finite input) is counted and not scored (``unscored``).
 
 >>> import torch
 >>> metrics = OnlineMetrics(window=2)
@@ -12,6 +14,9 @@ applied. Feed each result to ``OnlineMetrics.update`` with the target of its sam
 >>> metrics.update(torch.tensor([[0.3, 0.7]]), torch.tensor([1]), loss=0.25)
 >>> metrics.count, round(metrics.accuracy, 3), metrics.rolling_accuracy, metrics.loss, metrics.rolling_loss
 (3, 0.667, 0.5, 0.75, 0.875)
+>>> metrics.update(None, None)  # a dropped result: counted, not scored
+>>> metrics.count, metrics.unscored, round(metrics.accuracy, 3)
+(4, 1, 0.667)
 """
 
 from __future__ import annotations
@@ -32,6 +37,9 @@ class OnlineMetrics:
     """Test-then-train scores over a stream: call ``update()`` with each result's output (computed
     before its own gradient was applied) and its target, and/or its loss.
 
+    Every result can be given as it is: one with no output (dropped or skipped: its sample never
+    went forward) counts as a result with nothing to score (``unscored``), and scores nothing.
+
     Accuracy counts rows: an output of logits ``[batch, classes]`` with targets ``[batch]`` scores
     ``batch`` rows (the predicted class is the argmax over the last dimension); an output
     ``[classes]`` with a 0-d target scores one. Loss is one value per update. The rolling figures
@@ -44,6 +52,7 @@ class OnlineMetrics:
             raise ValueError(f"window must be a whole number of at least 1, got {window!r}")
         self.window = window
         self._count = 0
+        self._unscored = 0
         self._rows = 0
         self._correct = 0
         self._loss_total = 0.0
@@ -52,15 +61,20 @@ class OnlineMetrics:
         self._recent_losses: deque[float] = deque(maxlen=window)
         self._history: dict[str, list[float]] = {"rolling_accuracy": [], "rolling_loss": []}
 
-    def update(self, output: Tensor, target: Tensor | None = None, loss: float | Tensor | None = None) -> None:
+    def update(self, output: Tensor | None, target: Tensor | None = None, loss: float | Tensor | None = None) -> None:
         """Score one result: its ``output`` against ``target`` (if given) and its ``loss`` (if given).
 
-        Raises ValueError if neither is given, or if ``target``'s shape is not ``output``'s without
-        its last (class) dimension.
+        ``output`` None (a dropped or skipped result, whose sample never went forward) scores no
+        accuracy, whatever ``target`` is; with no ``loss`` either, the result is counted as
+        ``unscored``. Raises ValueError for an ``output`` with neither a target nor a loss to score
+        it by, or if ``target``'s shape is not ``output``'s without its last (class) dimension;
+        nothing is recorded then.
         """
-        if target is None and loss is None:
-            raise ValueError("update() needs a target (to score accuracy) or a loss, or both; got neither")
-        if target is not None:
+        if output is not None and target is None and loss is None:
+            raise ValueError(
+                "update() needs a target (to score accuracy) or a loss, or both; got an output but neither"
+            )
+        if output is not None and target is not None:
             if tuple(output.shape[:-1]) != tuple(target.shape):
                 raise ValueError(
                     f"target must have the shape of output without its last (class) dimension: "
@@ -76,14 +90,22 @@ class OnlineMetrics:
             self._loss_total += value
             self._loss_count += 1
             self._recent_losses.append(value)
+        elif output is None:
+            self._unscored += 1
         self._count += 1
         self._history["rolling_accuracy"].append(self.rolling_accuracy)
         self._history["rolling_loss"].append(self.rolling_loss)
 
     @property
     def count(self) -> int:
-        """The number of updates so far."""
+        """The number of updates so far: every result given, scored or not."""
         return self._count
+
+    @property
+    def unscored(self) -> int:
+        """The number of updates with nothing to score: results with no output and no loss
+        (dropped, or skipped for a non-finite input)."""
+        return self._unscored
 
     @property
     def rows(self) -> int:
@@ -115,8 +137,9 @@ class OnlineMetrics:
         return {name: list(values) for name, values in self._history.items()}
 
     def __repr__(self) -> str:
+        unscored = f", unscored={self.unscored}" if self.unscored else ""
         return (
-            f"OnlineMetrics(count={self.count}, accuracy={self.accuracy:.4f}, "
+            f"OnlineMetrics(count={self.count}{unscored}, accuracy={self.accuracy:.4f}, "
             f"rolling_accuracy={self.rolling_accuracy:.4f}, loss={self.loss:.4g}, "
             f"rolling_loss={self.rolling_loss:.4g})"
         )

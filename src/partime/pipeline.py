@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import copy
 import os
+import threading
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-import torch
+import torch  # noqa: F401 - the example in the class docstring uses it
 from torch import nn
 
 from . import arrivals
-from .arguments import check_arguments
+from .arguments import Devices, check_arguments
 from .balance import Balance
 from .checkpointing import Checkpointing
 from .compensation import check_compensation
@@ -35,7 +36,7 @@ from .skips import SKIP_SHARE as SKIP_SHARE  # noqa: PLC0414
 from .skips import SKIP_WINDOW as SKIP_WINDOW  # noqa: PLC0414
 from .skips import SkipWatch
 from .sources import MONOTONIC
-from .stage import LossFn, OptimizerFactory, StageConfig, takes_target
+from .stage import DEFAULT_GRAD_MODE, LossFn, OptimizerFactory, StageConfig, takes_target
 from .state import PipelineState
 from .traced import boundary_specs, layers_of
 from .traced_partition import describe
@@ -67,9 +68,10 @@ class Pipeline(Checkpointing):
     to be slower than sequential. ``partition`` says what it chose and predicts.
 
     With ``loss_fn`` and ``optimizer`` (a factory ``params -> Optimizer``, called once per
-    stage) the pipeline learns online as SPEC.md says, under ``grad_mode`` (``"stash"``, the
-    default; ``"weight-stash"``; or ``"partime"``, the published method, which learns only from
-    smooth streams) and with staleness ``compensation``: ``"auto"`` (the default) chooses, for
+    stage) the pipeline learns online as SPEC.md says, under ``grad_mode`` (``"graph-stash"``,
+    the default, which runs each sample forward once; ``"stash"``, which runs a late gradient's
+    sample forward again with the weights now; ``"weight-stash"``; or ``"partime"``, the published
+    method, which learns only from smooth streams) and with staleness ``compensation``: ``"auto"`` (the default) chooses, for
     each stage's optimizer, what measured best with it (``partime.compensation.AUTOMATIC``); or
     any of ``"step-scale"``, ``"delay-correction"``, ``"optimizer-prediction"``,
     ``"long-momentum"``, ``"spike"``, ``"lr-scale"``, ``"weight-prediction"`` (see
@@ -90,6 +92,12 @@ class Pipeline(Checkpointing):
     The pipeline works on its own copy of ``model``: the model given is never changed, and a
     second pipeline made from it starts from the same weights. ``module`` gives the trained
     weights back (``model.load_state_dict(pipe.module.state_dict())`` to train it in place).
+
+    ``devices`` puts the stages on devices: None (every stage on the CPU), one device (a string
+    such as ``"cuda:0"`` or a ``torch.device``) for every stage, or a list of one per stage. A
+    device this machine does not have (CUDA where ``torch.cuda.is_available()`` is False, an index
+    past ``torch.cuda.device_count()``, MPS where it is not available) is a ValueError naming the
+    stage, the device and the devices it has, when the pipeline is made.
 
     ``timeout`` is the longest, in seconds, that the caller waits for any stage (a result, room
     for a sample, a checkpoint, the workers' start) before a ``StageTimeoutError`` names the stage
@@ -113,6 +121,13 @@ class Pipeline(Checkpointing):
     gets the next index, also one that is refused (a ``ValueError`` for a non-finite input under
     ``"raise"``, or a shape that does not fit): its index is used up and no result has it, so
     ``Result.index`` is always the sample's position in what the caller offered.
+
+    A pipeline has one caller at a time. A ``stream`` holds it from its first item until it ends,
+    is closed, or is let go (a ``break`` out of ``for r in pipe.stream(...)`` lets it go); a
+    ``step`` or ``flush`` while it does, a second ``stream``, or a call from another thread while
+    one runs raises a RuntimeError and feeds nothing. A learning pipeline fed under
+    ``torch.no_grad()`` or ``torch.inference_mode()`` raises a RuntimeError that says so, before
+    anything is fed: its outputs are detached already, so only the code that scores them needs it.
     """
 
     def __init__(
@@ -120,11 +135,11 @@ class Pipeline(Checkpointing):
         model: nn.Module,
         balance: Balance,
         *,
-        devices: Sequence[str | torch.device] | None = None,
+        devices: Devices = None,
         executor: str = "process",
         loss_fn: LossFn | None = None,
         optimizer: OptimizerFactory | None = None,
-        grad_mode: str = "stash",
+        grad_mode: str = DEFAULT_GRAD_MODE,
         sample: Any = None,
         threads: int | None = None,
         compensation: str | Sequence[str] = "auto",
@@ -175,6 +190,8 @@ class Pipeline(Checkpointing):
         self._failure = None
         self._skips = SkipWatch()
         self._clock = MONOTONIC
+        self._caller = threading.Lock()
+        self._user = None
         # The distributed executor runs one stage per rank; on ranks > 0 the pipeline serves its stage.
         self._rank = self._executor_class.rank(depth)
 
@@ -233,8 +250,14 @@ class Pipeline(Checkpointing):
 
         Returns the result that left the pipeline during this tick, or None while it fills up.
         """
-        self._feed(x, y)
-        return self._take() if self._due() else None
+        self._claim("step()")
+        try:
+            self._check_open()
+            self._check_grad_mode("step()")
+            self._feed(x, y)
+            return self._take() if self._due() else None
+        finally:
+            self._release()
 
     @on_rank_0(list)
     def flush(self) -> list[Result]:
@@ -242,10 +265,18 @@ class Pipeline(Checkpointing):
 
         When learning, every fed sample's gradient has been applied at every stage on return.
         """
+        self._claim("flush()")
+        try:
+            return self._flush("flush()")
+        finally:
+            self._release()
+
+    def _flush(self, verb: str) -> list[Result]:
         self._check_open()
         state = self._state
         rest = []
         if state.in_segment:
+            self._check_grad_mode(verb)  # the ticks left run the backward of the samples in flight
             executor = self._running(None, None)  # not started yet if resumed with samples in flight
             self._guard(executor.end)
             while state.taken < state.in_segment:
@@ -289,11 +320,23 @@ class Pipeline(Checkpointing):
         out, on the source's clock. A ``Paced`` source begins once the pipeline has taken its first
         sample (and started: its workers, the timing of its layers); a real one does not wait.
         """
+        self._check_free("stream()")
         reader = arrivals.inbox(xs, when_behind)  # refuses a policy it does not know, at once
         return self._stream(reader, ys)
 
     def _stream(self, reader: arrivals.Inbox, ys: Iterable[Any] | None) -> Iterator[Result]:
-        self._check_open()
+        try:
+            self._check_open()
+            self._claim("stream()")
+        except BaseException:
+            reader.close()
+            raise
+        try:
+            yield from self._streamed(reader, ys)
+        finally:
+            self._release()
+
+    def _streamed(self, reader: arrivals.Inbox, ys: Iterable[Any] | None) -> Iterator[Result]:
         self._clock = reader.clock
         lookahead = 0 if reader.live else LOOKAHEAD
         targets = iter(ys) if ys is not None else None
@@ -301,7 +344,11 @@ class Pipeline(Checkpointing):
         state = self._state
         begun = False
         try:
-            while found := reader.take():
+            while True:
+                self._check_grad_mode("stream()")  # before an item is taken: a refusal uses up none
+                found = reader.take()
+                if not found:
+                    break
                 for at in found.dropped:
                     if targets is not None and next(targets, _MISSING) is _MISSING:
                         raise ValueError(f"ys ended before xs: there is no target for sample {state.next_index}")
@@ -324,7 +371,7 @@ class Pipeline(Checkpointing):
             reader.close()
         if targets is not None and next(targets, _MISSING) is not _MISSING:
             raise ValueError(f"ys is longer than xs: xs ended after {state.next_index} samples")
-        yield from self.flush()
+        yield from self._flush("stream()")
 
 
 __all__ = ["EXECUTORS", "Pipeline", "Result"]

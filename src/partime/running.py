@@ -4,12 +4,19 @@
 close, start the executor at the first sample (or a loaded checkpoint), feed one sample per tick,
 take results in order, and close everything on a stage's failure (``_guard``), after which the
 pipeline refuses more samples with a ``PipelineClosedError`` that names the failure.
+
+A pipeline has one caller at a time: ``step``, ``flush`` and a ``stream`` from its first item to
+its end (or until it is closed or let go) each hold it (``_claim``), and any of them called
+meanwhile, from any thread, raises a RuntimeError before it feeds anything. A learning pipeline
+also refuses to be fed under ``torch.no_grad()`` or ``torch.inference_mode()``
+(``_check_grad_mode``), which would leave its stages no autograd to learn with.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import threading
 import warnings
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
@@ -61,6 +68,8 @@ class Running:
     _skips: SkipWatch
     _rank: int  # the distributed executor runs one stage per rank; on ranks > 0 the pipeline serves its stage
     _clock: Clock  # what results are timed on: the clock of the source streamed last (partime.sources)
+    _caller: threading.Lock  # held by the one caller using the pipeline now (step, flush, a stream)
+    _user: str | None  # what holds it, for the message another caller gets
 
     def open(self) -> Self:
         """Make the pipeline ready for samples (its workers start at the first one)."""
@@ -131,6 +140,57 @@ class Running:
             raise PipelineClosedError(f"the pipeline stopped after an error: {self._failure}")
         if self._status == "closed":
             raise PipelineClosedError("the pipeline is closed; make a new one")
+
+    def _claim(self, verb: str) -> None:
+        """Hold the pipeline for ``verb`` (``"step()"``, ``"flush()"``, ``"stream()"``) until
+        ``_release``; a RuntimeError, before anything is fed, if another caller holds it."""
+        if not self._caller.acquire(blocking=False):
+            raise RuntimeError(self._busy(verb))
+        self._user = verb
+
+    def _release(self) -> None:
+        """Let the next caller in."""
+        self._user = None
+        self._caller.release()
+
+    def _check_free(self, verb: str) -> None:
+        """A RuntimeError if another caller holds the pipeline now (see ``_claim``)."""
+        if self._caller.locked():
+            raise RuntimeError(self._busy(verb))
+
+    def _busy(self, verb: str) -> str:
+        """Why ``verb`` cannot run now, and what to do."""
+        if self._user == "stream()":
+            return (
+                f"{verb} was called while a stream() of this pipeline has not finished: a pipeline is used "
+                "by one caller at a time. Finish that stream first, or close it (.close() on the generator "
+                "stream() returned, or let go of it: a `break` out of `for r in pipe.stream(...)` does); "
+                "the samples it left in flight come out first from the next call. For two streams at "
+                "once, make two pipelines"
+            )
+        return (
+            f"{verb} was called while a {self._user or 'call'} of this pipeline is running in another "
+            "thread: a pipeline is used by one caller at a time. Call it from one thread at a time (one "
+            "thread that feeds the pipeline, or a lock of yours around its calls); for two streams at "
+            "once, make two pipelines"
+        )
+
+    def _check_grad_mode(self, verb: str) -> None:
+        """A RuntimeError if the pipeline learns and ``verb`` was called where autograd is off."""
+        if not self._config.learning:
+            return
+        if torch.is_inference_mode_enabled():
+            where = "torch.inference_mode() (torch.is_inference_mode_enabled() is True)"
+        elif not torch.is_grad_enabled():
+            where = "torch.no_grad() (torch.is_grad_enabled() is False)"
+        else:
+            return
+        raise RuntimeError(
+            f"this pipeline learns, but {verb} was called under {where}, where its stages could build no "
+            "graph for the loss's gradient; nothing was fed. Call step(), stream() and flush() with "
+            "gradients on, and put torch.no_grad() around your metric code only: the pipeline's outputs "
+            "are detached already, so scoring them builds no graph"
+        )
 
     def _running(self, x: Any, y: Any) -> Executor:
         """The executor; started first, from sample ``x`` (and target ``y``) or the loaded

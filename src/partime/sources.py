@@ -20,9 +20,11 @@ encodes frames into a file; both need the ``video`` extra (``pip install 'partim
 
 from __future__ import annotations
 
+import math
+import numbers
 import time
 from collections.abc import Iterable, Iterator
-from typing import Generic, TypeVar
+from typing import Generic, SupportsFloat, TypeVar
 
 from .video import video_frames, write_video
 
@@ -81,9 +83,20 @@ class FakeClock(Clock):
         return f"FakeClock(time={self.time:g})"
 
 
+def checked_fps(fps: object) -> float:
+    """``fps`` as a float: any finite real number above 0 (an int or a float, a
+    ``fractions.Fraction`` such as PyAV's ``average_rate`` of 30000/1001, a numpy number); a
+    ValueError for anything else (a bool, a string, NaN, an infinity, 0 or less)."""
+    value = float(fps) if isinstance(fps, numbers.Real) and not isinstance(fps, bool) else math.nan
+    if not (0 < value < math.inf):
+        raise ValueError(f"fps must be a finite number of items per second above 0, not {fps!r}")
+    return value
+
+
 class Paced(Generic[T]):
     """``items`` as a live source: item ``k`` arrives at ``start + k / fps`` on ``clock``, where
-    ``start`` is the clock's time when the stream begins (when it is first read).
+    ``start`` is the clock's time when the stream begins (when it is first read). ``fps`` is any
+    real number above 0 (see ``checked_fps``), kept as a float.
 
     Iterating it is the plain way to read a live source: each item is yielded once it has arrived
     (sleeping until then), and at once when its time has passed (nothing is left out: a loop that
@@ -91,10 +104,8 @@ class Paced(Generic[T]):
     arrived, so that it can leave out those it cannot take in time (``when_behind="drop"``).
     """
 
-    def __init__(self, items: Iterable[T], fps: float, clock: Clock = MONOTONIC) -> None:
-        if not isinstance(fps, (int, float)) or not fps > 0 or fps == float("inf"):
-            raise ValueError(f"fps must be a finite number of items per second above 0, not {fps!r}")
-        self.items, self.fps, self.clock = items, float(fps), clock
+    def __init__(self, items: Iterable[T], fps: SupportsFloat, clock: Clock = MONOTONIC) -> None:
+        self.items, self.fps, self.clock = items, checked_fps(fps), clock
 
     def arrival(self, k: int, start: float) -> float:
         """When item ``k`` arrives, in a stream that began at ``start``."""
@@ -110,8 +121,11 @@ class Paced(Generic[T]):
         return f"at_rate({type(self.items).__name__}, fps={self.fps:g}, clock={self.clock!r})"
 
 
-def at_rate(items: Iterable[T], fps: float, *, clock: Clock = MONOTONIC) -> Paced[T]:
+def at_rate(items: Iterable[T], fps: SupportsFloat, *, clock: Clock = MONOTONIC) -> Paced[T]:
     """``items`` arriving like a live source's, ``fps`` of them per second on ``clock`` (``Paced``).
+
+    ``fps`` is any finite real number above 0: an int, a float, a numpy number, or the
+    ``fractions.Fraction`` that PyAV gives as a stream's ``average_rate`` (30000/1001).
 
     >>> clock = FakeClock()
     >>> source = at_rate(["a", "b", "c"], fps=10, clock=clock)

@@ -72,7 +72,7 @@ def make_learning(index: int, config: StageConfig, named: list[tuple[str, nn.Par
     if "optimizer-prediction" in chosen:
         predictor = OptimizerPrediction(optimizer, params, tau)
     if "delay-correction" in chosen and tau > 0:
-        corrector = DelayCorrection(named)
+        corrector = DelayCorrection(named, optimizer=optimizer)  # it reads which way each group goes
     if "spike" in chosen and tau > 0:
         spike = SpikeCompensation(optimizer, params, tau)
     return Learning(optimizer, step_size, predictor, corrector, spike)
