@@ -200,11 +200,13 @@ def test_rate_max_reports_each_contenders_highest_rate_and_latencies_below_it(tm
     ] == pytest.approx(1.6)
 
 
-@pytest.mark.parametrize("learn", [False, True])
-def test_rate_fps_runs_the_plain_model_and_the_pipeline_at_that_rate(tmp_path, learn):
+@pytest.mark.parametrize(("learn", "optimizer"), [(False, None), (True, None), (True, "adam")])
+def test_rate_fps_runs_the_plain_model_and_the_pipeline_at_that_rate(tmp_path, learn, optimizer):
     path = tmp_path / "rate.json"
     args = ["bench", "--rate", "150", "--size", "8", "--layers", "2", "--samples", "10", "--rounds", "1"]
-    result = CliRunner().invoke(main, [*args, "--json", str(path), *(["--learn"] if learn else [])])
+    args += ["--learn"] if learn else []
+    args += [] if optimizer is None else ["--optimizer", optimizer]
+    result = CliRunner().invoke(main, [*args, "--json", str(path)])
     assert result.exit_code == 0, result.output
     rows = json.loads(path.read_text())
     assert [r["kind"] for r in rows][-1] == "pipeline" and rows[0]["contender"] == "sequential 1 thread"
@@ -212,6 +214,7 @@ def test_rate_fps_runs_the_plain_model_and_the_pipeline_at_that_rate(tmp_path, l
     assert pipe["contender"] == "process D=2" and pipe["executor"] == "process" and len(pipe["balance"]) == 2
     for row in rows:
         assert row["mode"] == ("learning" if learn else "inference")
+        assert row["optimizer"] == ((optimizer or "sgd") if learn else None)
         assert row["fraction"] is None and row["sustained_fps"] is None and row["probes"] is None
         assert row["offered_fps"] == 150.0 and row["offered"] == 10 and 0 <= row["dropped"] <= 10
         assert row["kept_fps"] == pytest.approx(150.0 * (10 - row["dropped"]) / 10)
@@ -231,7 +234,11 @@ def test_rate_fps_runs_the_plain_model_and_the_pipeline_at_that_rate(tmp_path, l
         (["--rate", "30", "--executor", "distributed"], "--rate runs the process and thread executors"),
         (["--rate", "30", "--plot", "x.png"], "draws latency against the rate: give --rate max"),
         (["--rate", "30", "--depths", "5", "--layers", "2"], "depths go up to 3, got 5"),
-        (["--learn"], "goes with --rate only"),
+        (["--learn"], "goes with --rate or --sizes only"),
+        (["--rate", "30", "--optimizer", "adam"], "with --rate, goes with --learn (inference has no optimizer)"),
+        (["--rate", "30", "--learn", "--optimizer", "sgd,adam"], "this bench learns with one optimizer"),
+        (["--optimizer", "rmsprop"], "one or more distinct names of sgd, adam, comma-separated"),
+        (["--sizes", "8", "--optimizer", "adam,adam"], "one or more distinct names of sgd, adam"),
         (["--rounds", "2"], "goes with --sizes only, or with --rate"),
         (["--plot", "x.png"], "goes with --sizes only, or with --rate max"),
     ],

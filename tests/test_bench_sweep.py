@@ -1,5 +1,5 @@
-"""``partime bench --sizes``: latencies on a fake clock, the replicas peer, the order of the rounds, and a
-tiny sweep through the CLI (what it reports, not how fast)."""
+"""``partime bench --sizes``: latencies on a fake clock, the replicas peer, the order of the rounds, the
+bound's pieces of a cut, and tiny sweeps through the CLI (what they report, not how fast)."""
 
 import itertools
 import json
@@ -13,12 +13,17 @@ import torch.multiprocessing as mp
 from click.testing import CliRunner
 from torch import nn
 
+from partime.partition import Partition
 from partime.tools import bench_latency
-from partime.tools.bench import conv3_net
+from partime.tools.bench import CLASSES, OPTIMIZERS, conv3_net, frames
+from partime.tools.bench_bound import piece_alone, pieces, run_pieces
+from partime.tools.bench_contenders import Setting
 from partime.tools.bench_latency import Offered, latencies, percentile
+from partime.tools.bench_models import resnet
 from partime.tools.bench_peers import ReplicaError, Replicas
-from partime.tools.bench_sweep import round_order
+from partime.tools.bench_sweep import groups, round_order, sweep_steps
 from partime.tools.cli import main
+from partime.traced import layers_of
 
 
 def finite_positive(x):
@@ -105,6 +110,58 @@ def test_each_round_starts_one_contender_later():
     assert list(round_order(["a", "b", "c"], 4)) == [["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"], ["a", "b", "c"]]
 
 
+def test_learning_runs_once_per_optimizer_and_inference_once():
+    assert groups(("inference", "learning"), ("sgd", "adam")) == [
+        ("inference", None),
+        ("learning", "sgd"),
+        ("learning", "adam"),
+    ]
+    assert groups(("learning",), ("adam",)) == [("learning", "adam")]
+    # the hop of 64 KB, then per size its activation's hop, and per group its start and each round
+    assert sweep_steps((8, 12), ("inference", "learning"), 3, ("sgd", "adam")) == 1 + 2 * (1 + 3 * (1 + 3))
+
+
+def test_the_bounds_pieces_are_the_models_own_and_compose_to_it():
+    x = torch.randn(1, 3, 12, 12, generator=torch.Generator().manual_seed(2))
+    model = conv3_net(4, 8, classes=CLASSES)  # an nn.Sequential of 6 layers: model[a:b] per stage
+    for balance in ((3, 3), (1, 5), (2, 2, 2), (6,)):
+        partition = Partition(balance)
+        chain = pieces(model, partition)
+        assert [list(piece) for piece in chain] == [list(model[a:b]) for a, b in partition.bounds]  # not copies
+        assert torch.equal(run_pieces(chain, x), model(x)), balance
+    traced = resnet(2, 8)  # traced: each stage's fused graph module, cut between the graph's nodes
+    n = len(layers_of(traced))
+    crossed = []
+    with torch.no_grad():
+        for cut in range(1, n):
+            chain = pieces(traced, Partition((cut, n - cut)))
+            crossed.append(chain[0](x))
+            assert torch.equal(run_pieces(chain, x), traced(x)), cut
+        chain = pieces(traced, Partition((n // 3, n // 3, n - 2 * (n // 3))))
+        assert torch.equal(run_pieces(chain, x), traced(x))
+    assert any(isinstance(value, tuple) for value in crossed)  # a cut inside a block carries its shortcut too
+
+
+@pytest.mark.parametrize("optimizer", list(OPTIMIZERS))
+def test_each_piece_alone_learns_on_its_own_copy_of_the_model(optimizer):
+    model = resnet(2, 8, classes=CLASSES)  # BatchNorm in train mode, values that cross the cuts as tuples
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    xs, ys = frames(8, 12, seed=3)
+    setting = Setting(model, xs, ys, 10, OPTIMIZERS[optimizer])
+    n = len(setting.layers)
+    for balance in ((n // 2, n - n // 2), (5, n - 5)):
+        partition = Partition(balance)
+        for stage in range(partition.depth):
+            contender = piece_alone(f"piece {stage}", partition, stage)
+            assert contender.kind == "bound" and contender.threads == 1
+            with contender.open(setting) as opened:
+                for _ in range(2):
+                    timing = opened.run()
+                    assert len(timing.handed_at) == 10 and timing.handed_at == sorted(timing.handed_at)
+    for key, value in model.state_dict().items():
+        assert torch.equal(value, before[key]), key  # the model the other contenders copy is untouched
+
+
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory):
     """One tiny sweep through the CLI, with its JSON and its plot."""
@@ -123,11 +180,13 @@ def test_the_sweep_reports_every_contender_at_every_size(sweep):
     for size in (8, 12):
         for mode in ("inference", "learning"):
             found = {r["contender"]: r for r in rows if r["size"] == size and r["mode"] == mode}
-            expected = sequential | {"process D=2", "thread D=2", "process auto", "bound D=2"}
+            expected = sequential | {"process D=2", "thread D=2", "process auto", "bound D=2", "own tick D=2"}
             if mode == "inference":
                 expected.add("replicas D=2")  # replicas do not learn
             assert expected <= found.keys() and len(bounds := [r for r in found.values() if r["kind"] == "bound"]) >= 1
-            assert found.keys() - expected <= {r["contender"] for r in bounds}, found.keys()  # another cut's bound
+            ticks = [r for r in found.values() if r["kind"] == "own tick"]
+            assert [r["balance"] for r in ticks] == [r["balance"] for r in bounds]  # both figures of every cut
+            assert found.keys() - expected <= {r["contender"] for r in bounds + ticks}, found.keys()  # another cut's
             for row in found.values():
                 for key in (
                     "ms_per_sample",
@@ -142,14 +201,18 @@ def test_the_sweep_reports_every_contender_at_every_size(sweep):
                     assert finite_positive(row[key]), (key, row)
                 assert row["latency_p50_ms"] <= row["latency_p99_ms"]
                 assert row["samples"] == 5 and row["rounds"] == 1 and len(row["ms_per_round"]) == 1
+                assert row["optimizer"] == ("sgd" if mode == "learning" else None)
             assert found["sequential 1 thread"]["speedup_vs_seq_1thread"] == 1.0
-            for name in ("process D=2", "thread D=2"):
+            for name in ("process D=2", "thread D=2", "process auto"):
                 pipe = found[name]
-                assert len(pipe["balance"]) == 2 and sum(pipe["balance"]) == 9 + (mode == "learning")
-                bound = found[pipe["bound"]]
-                assert bound["balance"] == pipe["balance"] and name in bound["pipelines"]
-                assert pipe["bound_ms"] == bound["ms_per_sample"] == max(bound["stage_alone_ms"])
-                assert pipe["ms_over_bound"] == pipe["ms_per_sample"] / pipe["bound_ms"]
+                if name != "process auto":
+                    assert len(pipe["balance"]) == 2 and sum(pipe["balance"]) == 9 + (mode == "learning")
+                for kind, key in (("bound", "bound"), ("own tick", "own_tick")):
+                    bound = found[pipe[key]]
+                    assert bound["kind"] == kind and bound["balance"] == pipe["balance"] and name in bound["pipelines"]
+                    assert len(bound["stage_alone_ms"]) == len(pipe["balance"]) == bound["depth"]
+                    assert pipe[f"{key}_ms"] == bound["ms_per_sample"] == max(bound["stage_alone_ms"])
+                    assert pipe[f"ms_over_{key}"] == pipe["ms_per_sample"] / pipe[f"{key}_ms"]
             assert found["sequential 1 thread"]["bound_stage_ms"] == bounds[0]["ms_per_sample"]
             assert {r["activation_bytes"] for r in found.values()} == {24 * size * size * 4}
 
@@ -157,3 +220,23 @@ def test_the_sweep_reports_every_contender_at_every_size(sweep):
 def test_the_sweep_draws_its_plot(sweep):
     _, _, png = sweep
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_sweep_learns_with_each_optimizer_in_turn(tmp_path):
+    path = tmp_path / "sweep.json"
+    args = ["bench", "--sizes", "8", "--samples", "5", "--rounds", "1", "--learn", "--optimizer", "sgd,adam"]
+    result = CliRunner().invoke(main, [*args, "--executor", "thread", "--json", str(path)])
+    assert result.exit_code == 0, result.output
+    output = " ".join(result.output.split())
+    assert "partime bench, learning with SGD" in output and "partime bench, learning with Adam" in output
+    assert "partime bench, inference" not in output  # --learn: learning only
+    rows = json.loads(path.read_text())
+    assert {r["mode"] for r in rows} == {"learning"} and [r["optimizer"] for r in rows[:1]] == ["sgd"]
+    for optimizer in ("sgd", "adam"):
+        found = {r["contender"]: r for r in rows if r["optimizer"] == optimizer}
+        assert {"sequential 1 thread", "thread D=2", "bound D=2", "own tick D=2"} <= found.keys()
+        pipe, seq = found["thread D=2"], found["sequential 1 thread"]
+        assert pipe["speedup_vs_seq_1thread"] == seq["ms_per_sample"] / pipe["ms_per_sample"]
+        for key in ("speedup_vs_seq_allcores", "bound_ms", "ms_over_bound", "own_tick_ms", "ms_over_own_tick"):
+            assert finite_positive(pipe[key]), key
+        assert pipe["bound_stage_ms"] == found["bound D=2"]["ms_per_sample"] == pipe["bound_ms"]

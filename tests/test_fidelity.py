@@ -5,8 +5,16 @@ import json
 import pytest
 from click.testing import CliRunner
 
+from partime import stage_config
 from partime.tools import fidelity as fid
+from partime.tools import fidelity_tuning
 from partime.tools.cli import main
+
+# What graph-stash adds at each depth, where partime has it: the compensations of stash.
+GRAPH_STASH = (
+    {"sgd": 4, "momentum": 7, "adam": 7} if "graph-stash" in fid.GRAD_MODES else dict.fromkeys(fid.OPTIMIZERS, 0)
+)
+PER_DEPTH = {opt: n + GRAPH_STASH[opt] for opt, n in {"sgd": 7, "momentum": 10, "adam": 10}.items()}
 
 
 def test_even_balance():
@@ -17,10 +25,10 @@ def test_even_balance():
 
 def test_configs_cover_sequential_and_every_mode_and_compensation():
     per_depth = {opt: sum(len(fid.compensations(m, opt)) for m in fid.GRAD_MODES) for opt in fid.OPTIMIZERS}
-    assert per_depth == {"sgd": 7, "momentum": 10, "adam": 10}
+    assert per_depth == PER_DEPTH
     steps = {("digits", "sgd"): 0.1, ("digits", "adam"): 1e-3}
     configs = fid.configs(["digits"], [2, 8], seeds=2, step_sizes=steps)
-    assert len(configs) == 2 * (1 + 2 * 7) + 2 * (1 + 2 * 10)
+    assert len(configs) == 2 * (1 + 2 * PER_DEPTH["sgd"]) + 2 * (1 + 2 * PER_DEPTH["adam"])
     for opt in ("sgd", "adam"):  # the default is measured too
         assert fid.default_label(8, opt) in {c.label for c in configs if c.optimizer == opt}
     assert {c.label for c in configs if c.depth == 1} == {"sequential"}
@@ -123,7 +131,7 @@ def test_a_tiny_run_writes_json_markdown_and_png(tmp_path):
     assert result.exit_code == 0, result.output
     data = json.loads((tmp_path / "fidelity.json").read_text())
     assert len(data["tuning"]) == 2 * (len(fid.LR_GRID["sgd"]) + len(fid.LR_GRID["adam"]))
-    assert len(data["runs"]) == 2 * (1 + 7) + 2 * (1 + 10)
+    assert len(data["runs"]) == 2 * (1 + PER_DEPTH["sgd"]) + 2 * (1 + PER_DEPTH["adam"])
     best = fid.best_step_sizes(data["tuning"])
     for run in data["runs"]:
         assert run["frames"] == 12 and run["loss"] > 0
@@ -152,7 +160,7 @@ def test_a_diverged_run_is_a_result_not_a_crash():
 
 def test_the_headline_gives_the_best_configuration_and_the_default_at_each_depth():
     default = fid.default_label(4, "adam")
-    assert default == "D=4 stash + step-scale + optimizer-prediction + long-momentum"
+    assert default == f"D=4 {fid.DEFAULT_GRAD_MODE} + step-scale + optimizer-prediction + long-momentum"
     rows = []
     for opt in ("sgd", "adam"):
         rows += [
@@ -169,5 +177,143 @@ def test_the_headline_gives_the_best_configuration_and_the_default_at_each_depth
         ]
     text = fid.markdown(fid.summarise(rows))
     assert "| SGD | 4 | -10.0 stash | -20.0 |" in text
-    assert "| Adam | 4 | -5.0 stash + step-scale + optimizer-prediction + long-momentum | -5.0 |" in text
+    assert f"| Adam | 4 | -5.0 {default.removeprefix('D=4 ')} | -5.0 |" in text
     assert f"| {default} (default) | 75.0% (-5.0) |" in text
+
+
+def test_the_grad_modes_and_the_default_are_the_librarys():
+    assert fid.GRAD_MODES is stage_config.GRAD_MODES
+    assert fid.DEFAULT_GRAD_MODE == stage_config.StageConfig(1).grad_mode
+    assert fid.default_label(2, "sgd") == f"D=2 {fid.DEFAULT_GRAD_MODE} + step-scale + delay-correction"
+    for opt in fid.OPTIMIZERS:  # graph-stash is measured as stash is, once the library has it
+        assert fid.compensations("graph-stash", opt) == fid.compensations("stash", opt)
+        assert fid.automatic(opt) in fid.compensations(fid.DEFAULT_GRAD_MODE, opt)
+
+
+def test_configs_run_only_what_is_picked():
+    picks = {"default", "partime", "stash+delay-correction", "weight-stash"}
+    configs = fid.configs(["digits"], [2, 4], 1, "even", {("digits", "momentum"): 0.01}, only=picks)
+    for depth in (2, 4):
+        assert {c.label for c in configs if c.depth == depth} == {
+            f"D={depth} partime",
+            f"D={depth} stash + delay-correction",
+            f"D={depth} weight-stash",
+            fid.default_label(depth, "momentum"),
+        }
+    assert [c.label for c in configs if c.depth == 1] == ["sequential"]
+    assert "stash+optimizer-prediction" in fid.choices(["momentum"])
+    assert "stash+optimizer-prediction" not in fid.choices(["sgd"])  # plain SGD has no momentum to predict with
+    assert fid.choices(["sgd"])[0] == "default"
+
+
+def test_each_configuration_is_chosen_its_own_best_step_size():
+    def row(label, lr, accuracy=None, loss=None, diverged_at=None, stream="digits", optimizer="sgd"):
+        return dict(
+            stream=stream,
+            optimizer=optimizer,
+            label=label,
+            lr=lr,
+            accuracy=accuracy,
+            loss=loss,
+            diverged_at=diverged_at,
+        )
+
+    rows = [
+        row("sequential", 0.1, 0.80, 1.0),
+        row("sequential", 0.3, 0.85, 0.9),
+        row("sequential", 1.0, 0.60, 1.5),
+        row("D=2 stash", 0.01, 0.70, 1.1),
+        row("D=2 stash", 0.03, 0.78, 1.0),
+        row("D=2 stash", 0.1, 0.95, None, diverged_at=30),  # a diverged run never wins
+        row("D=2 stash", 0.3, 0.75, 1.0),
+        row("D=2 stash", 0.1, 0.90, 0.8, optimizer="adam"),  # another optimizer: its own choice
+        row("D=2 stash", 0.3, 0.70, 0.9, optimizer="adam"),
+        row("sequential", 0.1, loss=0.02, stream="camera"),
+        row("sequential", 0.3, loss=0.01, stream="camera"),
+        row("D=2 stash", 0.1, loss=0.03, stream="camera"),
+        row("D=2 stash", 0.3, loss=None, diverged_at=4, stream="camera"),
+    ]
+    assert fid.own_best_steps(rows) == {
+        ("digits", "sgd", "sequential"): 0.3,
+        ("digits", "sgd", "D=2 stash"): 0.03,
+        ("digits", "adam", "D=2 stash"): 0.1,
+        ("camera", "sgd", "sequential"): 0.3,
+        ("camera", "sgd", "D=2 stash"): 0.1,
+    }
+
+
+def test_own_steps_are_tuned_on_the_tuning_seed_and_reported_on_the_others():
+    assert fid.own_grid("sgd") == (0.01, *fid.LR_GRID["sgd"])
+    assert all(fid.own_grid(opt)[0] < fid.LR_GRID[opt][0] for opt in fid.OPTIMIZERS)
+    tuning = fid.own_step_tuning(["digits", "camera"], [2], ["sgd", "adam"], "even", {"default", "stash"})
+    assert {c.seed for c in tuning} == {fid.TUNING_SEED}
+    keys = dict.fromkeys(fidelity_tuning.own_key(c) for c in tuning)
+    assert len(keys) == 2 * 2 * 3  # streams × optimizers × (sequential, stash, default)
+    for key in keys:
+        assert tuple(c.lr for c in tuning if fidelity_tuning.own_key(c) == key) == fid.own_grid(key[1])
+    steps = {key: fid.own_grid(key[1])[i % 3] for i, key in enumerate(keys)}
+    reported = fid.at_own_steps(tuning, steps, 3)
+    assert fid.TUNING_SEED not in fid.reported_seeds(3)
+    assert sorted({c.seed for c in reported}) == list(fid.reported_seeds(3)) == [1, 2, 3]
+    assert len(reported) == 3 * len(keys)
+    assert all(c.lr == steps[fidelity_tuning.own_key(c)] for c in reported)
+    assert {c.balance for c in reported if c.depth == 2 and c.stream == "digits"} == {
+        c.balance for c in tuning if c.depth == 2 and c.stream == "digits"
+    }
+
+
+def test_the_own_step_table_names_each_ones_step_size():
+    default = fid.default_label(2, "sgd")
+    rows = [
+        dict(stream="digits", optimizer="sgd", lr=0.1, label="sequential", depth=1, accuracy=0.80),
+        dict(stream="digits", optimizer="sgd", lr=0.03, label="D=2 stash", depth=2, accuracy=0.82),
+        dict(stream="digits", optimizer="sgd", lr=0.3, label=default, depth=2, accuracy=0.78),
+        dict(stream="camera", optimizer="sgd", lr=1.0, label="sequential", depth=1, loss=0.010),
+        dict(stream="camera", optimizer="sgd", lr=0.3, label="D=2 stash", depth=2, loss=0.012),
+        dict(stream="camera", optimizer="sgd", lr=0.1, label=default, depth=2, loss=0.011),
+    ]
+    lines = fid.summarise(rows)
+    text = fid.markdown(lines, own_step=True)
+    assert text.startswith("## Each at its own best step")
+    comp = default.removeprefix("D=2 ")
+    assert (
+        f"| SGD | 2 | lr 0.1 | +2.0 stash (lr 0.03) | -2.0 (lr 0.3) | lr 1 | +10.0% {comp} (lr 0.1) | +10.0% (lr 0.1) |"
+        in text
+    )
+    assert "| D=2 stash | 82.0% (+2.0) at lr 0.03 | 0.01200 (+20.0%) at lr 0.3 |" in text
+    assert "### SGD (each at its own step size; sequential: digits 0.1, camera 1)" in text
+    (digits, camera) = fid.own_step_summary(lines)
+    assert digits["sequential_lr"] == 0.1 and digits["best"]["label"] == "D=2 stash" and digits["best"]["lr"] == 0.03
+    assert camera["default"]["gap"] == pytest.approx(10.0) and camera["default"]["lr"] == 0.1
+    assert "Each at its own" not in fid.markdown(lines)  # without own_step: today's tables
+
+
+def test_a_tiny_own_step_run_writes_the_own_step_table(tmp_path, monkeypatch):
+    monkeypatch.setattr(fidelity_tuning, "LR_GRID", {**fidelity_tuning.LR_GRID, "sgd": (0.1, 0.3)})
+    args = "fidelity --frames 12 --seeds 1 --depths 2 --streams digits --optimizer sgd --configs default"
+    result = CliRunner().invoke(main, [*args.split(), "--own-step", "--jobs", "1", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    data = json.loads((tmp_path / "fidelity.json").read_text())
+    default = fid.default_label(2, "sgd")
+    assert {(r["label"], r["lr"]) for r in data["tuning"]} == {
+        (label, lr) for label in ("sequential", default) for lr in (0.01, 0.1, 0.3)
+    }
+    assert {r["seed"] for r in data["tuning"]} == {fid.TUNING_SEED}
+    steps = fid.own_best_steps(data["tuning"])
+    assert [(r["label"], r["seed"]) for r in data["runs"]] == [("sequential", 1), (default, 1)]
+    assert all(r["lr"] == steps[fidelity_tuning.own_key(r)] for r in data["runs"])
+    (line,) = data["own_step"]
+    assert line["best"]["label"] == line["default"]["label"] == default
+    assert line["default"]["lr"] == steps["digits", "sgd", default]
+    table = (tmp_path / "fidelity.md").read_text()
+    assert "## Each at its own best step" in table
+    assert f"| SGD | 2 | lr {steps['digits', 'sgd', 'sequential']:g} |" in table
+    assert (tmp_path / "fidelity.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_an_unknown_configuration_is_refused_with_the_choices():
+    args = "fidelity --frames 12 --seeds 1 --depths 2 --streams digits --optimizer sgd --configs stash,stsh"
+    result = CliRunner().invoke(main, args.split())
+    assert result.exit_code == 2
+    assert "--configs" in result.output and "'stash,stsh'" in result.output
+    assert "default, partime" in result.output and "stash+delay-correction" in result.output

@@ -87,14 +87,36 @@ def frames(size: int, count: int, seed: int = 0) -> tuple[torch.Tensor, torch.Te
     return xs, torch.randint(0, CLASSES, (count, 1), generator=gen)
 
 
+OptimizerFactory = Callable[[Any], torch.optim.Optimizer]
+"""How the bench gives an optimizer: a factory of parameters, as ``Pipeline`` takes it."""
+
+
 def sgd(params: Any) -> torch.optim.Optimizer:
-    """The optimizer of every learning configuration (a factory, as ``Pipeline`` takes it)."""
+    """The bench's default optimizer: plain SGD at ``LR``."""
     return torch.optim.SGD(params, lr=LR)
 
 
-def plain_step(model: nn.Module, ys: torch.Tensor | None) -> Callable[[int, torch.Tensor], None]:
+def adam(params: Any) -> torch.optim.Optimizer:
+    """The bench's other optimizer: Adam at ``LR``, torch's other defaults."""
+    return torch.optim.Adam(params, lr=LR)
+
+
+OPTIMIZERS: dict[str, OptimizerFactory] = {"sgd": sgd, "adam": adam}
+"""The optimizers the bench learns with, by name (``--optimizer``); ``sgd`` is the default."""
+
+
+def optimizer_named(name: str) -> OptimizerFactory:
+    """The factory of ``OPTIMIZERS`` called ``name``, or a ValueError naming the choices."""
+    if name not in OPTIMIZERS:
+        raise ValueError(f"unknown optimizer {name!r}; choose from {', '.join(OPTIMIZERS)}")
+    return OPTIMIZERS[name]
+
+
+def plain_step(
+    model: nn.Module, ys: torch.Tensor | None, optimizer: OptimizerFactory = sgd
+) -> Callable[[int, torch.Tensor], None]:
     """The plain model's work on sample ``i``, ``x``: a forward without gradients (``ys`` None), or
-    a forward, the loss against ``ys[i]``, a backward and an SGD step."""
+    a forward, the loss against ``ys[i]``, a backward and a step of ``optimizer``."""
     if ys is None:
 
         def infer(i: int, x: torch.Tensor) -> None:
@@ -102,12 +124,12 @@ def plain_step(model: nn.Module, ys: torch.Tensor | None) -> Callable[[int, torc
                 model(x)
 
         return infer
-    loss_fn, optimizer = nn.CrossEntropyLoss(), sgd(model.parameters())
+    loss_fn, step = nn.CrossEntropyLoss(), optimizer(model.parameters())
 
     def learn(i: int, x: torch.Tensor) -> None:
-        optimizer.zero_grad()
+        step.zero_grad()
         loss_fn(model(x), ys[i]).backward()
-        optimizer.step()
+        step.step()
 
     return learn
 
@@ -124,13 +146,15 @@ def run_bench(
     warmup: int = 20,
     blocks: int = 5,
     seed: int = 0,
+    optimizer: str = "sgd",
     progress: Progress | None = None,
 ) -> list[dict[str, Any]]:
     """One row per mode and configuration: the sequential baselines, then each depth in ``depths``.
 
     Every configuration runs a copy of the same seeded model on the same ``samples`` frames
-    (batch 1, 3 x ``size`` x ``size``; random labels when learning), timed after ``warmup``
-    results. ``ms_per_sample`` is the median over ``blocks`` blocks of the per-sample time; a
+    (batch 1, 3 x ``size`` x ``size``; random labels when learning, with the optimizer
+    ``OPTIMIZERS`` calls ``optimizer``, named in each learning row's ``optimizer``), timed after
+    ``warmup`` results. ``ms_per_sample`` is the median over ``blocks`` blocks of the per-sample time; a
     speed-up is a baseline's ``ms_per_sample`` over the row's. A pipeline row has its partition
     and the profiled time of each stage (``stage_ms``, ``max_stage_ms``). Every row carries the
     per-hop transfer cost (median, microseconds) of a 64 KB payload and of one activation,
@@ -147,6 +171,7 @@ def run_bench(
         )
     if not depths or any(d < 1 or d > layers + 1 for d in depths):
         raise ValueError(f"depths must be from 1 to layers + 1 = {layers + 1}, got {list(depths)}")
+    factory = optimizer_named(optimizer)
     report = progress or (lambda label: None)
     activation_bytes = channels * size * size * 4
     report("hop cost")
@@ -165,12 +190,12 @@ def run_bench(
         learning = mode == "learning"
         model = conv_net(layers, channels, classes=CLASSES if learning else None, seed=seed)
         targets = ys if learning else None
-        timing = dict(samples=samples, warmup=warmup, blocks=blocks)
+        timing: dict[str, Any] = dict(samples=samples, warmup=warmup, blocks=blocks, optimizer=factory)
         base = {}
         for threads in sorted({1, cores}):
             report(f"{mode}: sequential, {threads} thread{'s' if threads > 1 else ''}")
             clocks = cpu_clocks()
-            ms = _time_sequential(copy.deepcopy(model), xs, targets, threads, **timing)
+            ms = time_sequential(copy.deepcopy(model), xs, targets, threads, **timing)
             base[threads] = ms
             rows.append(
                 dict(
@@ -185,7 +210,7 @@ def run_bench(
         for depth in depths:
             report(f"{mode}: D={depth}, {executor}")
             clocks = cpu_clocks()
-            ms, partition = _time_pipeline(copy.deepcopy(model), depth, executor, xs, targets, **timing)
+            ms, partition = time_pipeline(copy.deepcopy(model), depth, executor, xs, targets, **timing)
             times = partition.stage_times or ()
             rows.append(
                 dict(
@@ -204,6 +229,7 @@ def run_bench(
         for row in rows:
             if row["mode"] == mode:
                 row.update(
+                    optimizer=optimizer if learning else None,
                     speedup_vs_seq_1thread=base[1] / row["ms_per_sample"],
                     speedup_vs_seq_allcores=base[cores] / row["ms_per_sample"],
                     samples=samples,
@@ -229,7 +255,7 @@ def median_ms(stamps: Sequence[float], warmup: int, blocks: int) -> float:
     return statistics.median(per_block)
 
 
-def _time_sequential(
+def time_sequential(
     model: nn.Sequential,
     xs: torch.Tensor,
     ys: torch.Tensor | None,
@@ -238,12 +264,14 @@ def _time_sequential(
     samples: int,
     warmup: int,
     blocks: int,
+    optimizer: OptimizerFactory = sgd,
 ) -> float:
-    """Median ms per sample of the plain model, one sample at a time, with ``threads`` threads."""
+    """Median ms per sample of the plain model, one sample at a time, with ``threads`` threads
+    (learning from ``ys`` with ``optimizer``, unless ``ys`` is None)."""
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        step = plain_step(model, ys)
+        step = plain_step(model, ys, optimizer)
 
         def one(i: int) -> None:
             step(i, xs[i])
@@ -253,7 +281,7 @@ def _time_sequential(
         torch.set_num_threads(before)
 
 
-def _time_pipeline(
+def time_pipeline(
     model: nn.Sequential,
     depth: int,
     executor: str,
@@ -263,9 +291,11 @@ def _time_pipeline(
     samples: int,
     warmup: int,
     blocks: int,
+    optimizer: OptimizerFactory = sgd,
 ) -> tuple[float, Partition]:
-    """Median ms per sample of ``Pipeline(model, depth)`` streaming ``xs``, and its partition."""
-    learning: dict[str, Any] = {} if ys is None else dict(loss_fn=nn.CrossEntropyLoss(), optimizer=sgd)
+    """Median ms per sample of ``Pipeline(model, depth)`` streaming ``xs`` (learning from ``ys`` with
+    ``optimizer``, unless ``ys`` is None), and its partition."""
+    learning: dict[str, Any] = {} if ys is None else dict(loss_fn=nn.CrossEntropyLoss(), optimizer=optimizer)
     before = torch.get_num_threads()
     # One thread here too: the layers are then profiled as the stages run them, and the caller,
     # which only copies samples in and results out, leaves the cores to the stages.

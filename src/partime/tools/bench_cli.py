@@ -2,7 +2,8 @@
 
 Without ``--sizes`` it runs ``bench.run_bench`` (or, with the distributed executor under torchrun,
 ``bench_distributed``); with ``--sizes``, ``bench_sweep.run_sweep``; with ``--rate``,
-``bench_rate.run_rate``. The last two draw their figure with ``--plot``.
+``bench_rate.run_rate``. The last two draw their figure with ``--plot``. Each learns with the
+optimizer ``--optimizer`` names (the sweep: with each it names, in turn).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import click
 from rich.progress import Progress, TaskID
 
 from ..executors import EXECUTORS
+from .bench import OPTIMIZERS
 from .bench_models import MODELS
 from .bench_sweep import SIZES as SWEEP_SIZES
 from .report import print_bench, print_rate, print_sweep, progress_bar, wide_console
@@ -44,6 +46,19 @@ def whole_numbers(
         return numbers
 
     return parse
+
+
+def optimizer_names(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[str, ...] | None:
+    """The ``--optimizer`` callback: a comma-separated list of distinct names of ``bench.OPTIMIZERS``, or None."""
+    if value is None:
+        return None
+    names = tuple(n.strip() for n in value.split(",") if n.strip())
+    unknown = [n for n in names if n not in OPTIMIZERS]
+    if unknown or not names or len(set(names)) < len(names):
+        raise click.BadParameter(
+            f"one or more distinct names of {', '.join(OPTIMIZERS)}, comma-separated (sgd,adam); got {value!r}"
+        )
+    return names
 
 
 RATE_SEARCH = "max"
@@ -104,8 +119,10 @@ def _advancing(bar: Progress, task: TaskID) -> Callable[[str], None]:
     default=None,
     callback=whole_numbers("frame sizes", "12,24,48,72,96"),
     help="Sweep these frame sizes (comma-separated) on a stem and 8 blocks (--layers) of 3x3 convolution (24 channels) + "
-    "ReLU: sequential with 1 thread and every core, D replicas, each pipeline executor and its bound (the "
-    "slowest stage alone), interleaved in rounds, with latencies. --sizes alone sweeps "
+    "ReLU: sequential with 1 thread and every core, D replicas, each pipeline executor, its cut's bound (the "
+    "slowest of the model's own pieces of the cut, alone with plain torch: one forward per sample) and partime's "
+    "own tick (the slowest stage alone as partime's Stage runs it), interleaved in rounds, with latencies. "
+    "--sizes alone sweeps "
     f"{','.join(str(s) for s in SWEEP_SIZES)}: stages of about 0.2 to 5 ms at D = 2 on a 2-core VM.",
 )
 @click.option(
@@ -125,7 +142,16 @@ def _advancing(bar: Progress, task: TaskID) -> Callable[[str], None]:
     is_flag=True,
     default=False,
     help="With --rate: learn from every frame taken (the bench's learning: a head, cross-entropy on random labels, "
-    "SGD) instead of inferring.",
+    "--optimizer) instead of inferring; with --sizes: time learning only.",
+)
+@click.option(
+    "--optimizer",
+    "optimizers",
+    default=None,
+    callback=optimizer_names,
+    help="What learning steps with, in the plain loops and the pipelines alike: sgd (plain SGD) or adam (Adam), "
+    "both at a step size of 1e-3; with --sizes, a comma-separated list (sgd,adam) times learning with each in "
+    "turn, every contender of one optimizer interleaved in its rounds.  [default: sgd]",
 )
 @click.option(
     "--rounds",
@@ -169,6 +195,7 @@ def bench(
     sizes: tuple[int, ...] | None,
     rate: float | str | None,
     learn: bool,
+    optimizers: tuple[str, ...] | None,
     rounds: int | None,
     model: str | None,
     layers: int | None,
@@ -176,16 +203,28 @@ def bench(
     plot_path: Path | None,
 ) -> None:
     """Time streaming inference and online learning, sequential against pipelined (and, with --sizes,
-    against replicas and the bound, over a sweep of frame sizes); with --rate, how fast a live source
-    each keeps up with."""
+    against replicas, the bound and partime's own tick, over a sweep of frame sizes); with --rate,
+    how fast a live source each keeps up with."""
     from .bench import MODES, run_bench
 
-    if rate is not None:
-        return _bench_rate(
-            rate, depths, executor, samples, size, layers, learn, rounds, model, sizes, json_path, plot_path
+    if optimizers is not None and len(optimizers) > 1 and sizes is None:
+        raise click.BadParameter(
+            "this bench learns with one optimizer; the sweep (--sizes) learns with each of a list in turn",
+            param_hint="--optimizer",
         )
-    if learn:
-        raise click.BadParameter("goes with --rate only (the other benches time both modes)", param_hint="--learn")
+    optimizer = (optimizers or ("sgd",))[0]
+    if rate is not None:
+        if optimizers is not None and not learn:
+            raise click.BadParameter(
+                "with --rate, goes with --learn (inference has no optimizer)", param_hint="--optimizer"
+            )
+        return _bench_rate(
+            rate, depths, executor, samples, size, layers, learn, optimizer, rounds, model, sizes, json_path, plot_path
+        )
+    if learn and sizes is None:
+        raise click.BadParameter(
+            "goes with --rate or --sizes only (the plain bench times both modes)", param_hint="--learn"
+        )
     if sizes is None:
         also = {"--rounds": ", or with --rate", "--plot": f", or with --rate {RATE_SEARCH}", "--model": ""}
         for value, option in ((rounds, "--rounds"), (model, "--model"), (plot_path, "--plot")):
@@ -206,18 +245,37 @@ def bench(
             f"the model has {layers + 1} layers: depths go up to {layers + 1}, got {max(depths)}", param_hint="--depths"
         )
     if sizes is not None:
+        modes = ("learning",) if learn else MODES
         return _bench_sweep(
-            sizes, depths, executor, samples, rounds or 5, model or "conv", layers, json_path, plot_path
+            sizes,
+            depths,
+            executor,
+            samples,
+            rounds or 5,
+            model or "conv",
+            layers,
+            modes,
+            optimizers or ("sgd",),
+            json_path,
+            plot_path,
         )
     size, executor = size or 32, executor or "process"
     if executor == "distributed":
-        return _bench_distributed(samples, size, layers, json_path)
+        return _bench_distributed(samples, size, layers, optimizer, json_path)
     console = wide_console()
     with progress_bar(console) as bar:
         baselines = len({1, os.cpu_count() or 1})  # sequential with one thread and with every core
         task = bar.add_task("starting", total=1 + len(MODES) * (baselines + len(depths)))
         report = _advancing(bar, task)
-        rows = run_bench(executor=executor, samples=samples, depths=depths, size=size, layers=layers, progress=report)
+        rows = run_bench(
+            executor=executor,
+            samples=samples,
+            depths=depths,
+            size=size,
+            layers=layers,
+            optimizer=optimizer,
+            progress=report,
+        )
     print_bench(wide_console(), rows, size, layers, samples, json_path)
 
 
@@ -229,11 +287,12 @@ def _bench_sweep(
     rounds: int,
     model: str,
     layers: int,
+    modes: tuple[str, ...],
+    optimizers: tuple[str, ...],
     json_path: Path | None,
     plot_path: Path | None,
 ) -> None:
-    """``partime bench --sizes``: every contender at every size, interleaved; a table per mode."""
-    from .bench import MODES
+    """``partime bench --sizes``: every contender at every size, interleaved; a table per mode and optimizer."""
     from .bench_plot import plot_sweep
     from .bench_sweep import PIPELINES, run_sweep, sweep_steps
 
@@ -243,13 +302,15 @@ def _bench_sweep(
         raise click.BadParameter(f"the sweep's pipelines run on {choices}, not {executor}", param_hint="--executor")
     console = wide_console()
     with progress_bar(console) as bar:
-        report = _advancing(bar, bar.add_task("starting", total=sweep_steps(sizes, MODES, rounds)))
+        report = _advancing(bar, bar.add_task("starting", total=sweep_steps(sizes, modes, rounds, optimizers)))
         rows = run_sweep(
             model=model,
             sizes=sizes,
             depths=depths,
             pipelines=pipelines,
             layers=layers,
+            modes=modes,
+            optimizers=optimizers,
             samples=samples,
             rounds=rounds,
             progress=report,
@@ -273,6 +334,7 @@ def _bench_rate(
     size: int | None,
     layers: int | None,
     learn: bool,
+    optimizer: str,
     rounds: int | None,
     model: str | None,
     sizes: tuple[int, ...] | None,
@@ -305,6 +367,7 @@ def _bench_rate(
             depths=depths,
             executor=executor or "process",
             learning=learn,
+            optimizer=optimizer,
             size=size or 32,
             layers=layers,
             samples=samples,
@@ -317,10 +380,10 @@ def _bench_rate(
         console.print(f"plot written to {plot_path}")
 
 
-def _bench_distributed(samples: int, size: int, layers: int, json_path: Path | None) -> None:
+def _bench_distributed(samples: int, size: int, layers: int, optimizer: str, json_path: Path | None) -> None:
     """``partime bench --executor distributed``, run by every rank under torchrun (D = world size)."""
     from .bench_distributed import bench_distributed
 
-    rows = bench_distributed(samples, size, layers)
+    rows = bench_distributed(samples, size, layers, optimizer=optimizer)
     if rows is not None:  # rank 0; the other ranks served their stages
         print_bench(wide_console(), rows, size, layers, samples, json_path)

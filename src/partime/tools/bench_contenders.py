@@ -8,9 +8,14 @@ when each sample was offered and when its result was handed out (a ``Timing``). 
 - ``replicas(depth)``: ``depth`` copies of the model in as many processes, frames dealt
   round-robin (``bench_peers.Replicas``; inference only);
 - ``pipeline(kind, depth)``: ``partime.Pipeline`` at ``depth`` stages, as ``kind`` builds it;
-- ``stage_alone(partition, stage)``: one stage of a pipeline's cut, alone in this process, on its
-  own inputs, doing the work of its tick in the pipeline: the bound of that cut is its slowest
-  stage.
+- ``own_tick(partition, stage)``: one stage of a pipeline's cut, alone in this process, on its
+  own inputs, doing the work of its tick as partime's own ``Stage`` does it: the slowest stage is
+  *partime's own tick* of that cut, what a pipeline of it would take per sample with nothing but
+  its hops to add;
+- ``bench_bound.piece_alone(partition, stage)``: the model's own piece of that stage with plain
+  torch, no partime around it: the slowest piece is the *bound* of the cut.
+
+A learning contender learns with the setting's optimizer (``Setting.optimizer``).
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import Tensor, nn
@@ -34,9 +39,11 @@ from ..stage import Stage, StageConfig
 from ..traced import layers_of
 from ..traced_fused import fused
 from ..values import as_tensors
-from .bench import plain_step, sgd
+from .bench import OptimizerFactory, plain_step, sgd
 from .bench_latency import Offered
 from .bench_peers import Replicas
+
+T = TypeVar("T")
 
 STAGE_INPUTS = 8
 """How many distinct inputs a stage alone cycles through (its time does not depend on their values)."""
@@ -45,13 +52,15 @@ STAGE_INPUTS = 8
 @dataclass(frozen=True)
 class Setting:
     """What each contender of one size and mode streams: a model, its frames (and targets when
-    learning), and how many results a run times (``results``; the frames go a little further).
-    ``layers`` are the model's layers as a pipeline cuts them (itself, or its traced segments)."""
+    learning, with ``optimizer``), and how many results a run times (``results``; the frames go a
+    little further). ``layers`` are the model's layers as a pipeline cuts them (itself, or its
+    traced segments)."""
 
     model: nn.Module
     xs: Tensor
     ys: Tensor | None
     results: int
+    optimizer: OptimizerFactory = sgd
     layers: nn.Sequential = field(init=False)
 
     def __post_init__(self) -> None:
@@ -81,7 +90,7 @@ class Opened:
 @dataclass(frozen=True)
 class Contender:
     """A way to run the stream: its name in the report, its kind (``sequential``, ``replicas``,
-    ``pipeline`` or ``bound``), its depth (0: one process), the torch threads it computes with,
+    ``pipeline``, ``own tick`` or ``bound``), its depth (0: one process), the torch threads it computes with,
     whether it only infers, and how to open it on a ``Setting``."""
 
     name: str
@@ -108,11 +117,11 @@ def sequential(threads: int) -> Contender:
 
     @contextmanager
     def open_(setting: Setting) -> Iterator[Opened]:
-        one = plain_step(copy.deepcopy(setting.model), setting.ys)
+        one = plain_step(copy.deepcopy(setting.model), setting.ys, setting.optimizer)
 
         def run() -> Timing:
             with torch_threads(threads):
-                return _time_calls(setting.xs, setting.results, one)
+                return time_calls(setting.xs, setting.results, one)
 
         yield Opened(run)
 
@@ -137,7 +146,9 @@ def pipeline(kind: PipelineKind, depth: int) -> Contender:
 
     @contextmanager
     def open_(setting: Setting) -> Iterator[Opened]:
-        learning: dict[str, Any] = dict(loss_fn=nn.CrossEntropyLoss(), optimizer=sgd) if setting.learning else {}
+        learning: dict[str, Any] = {}
+        if setting.learning:
+            learning = dict(loss_fn=nn.CrossEntropyLoss(), optimizer=setting.optimizer)
         options = dict(balance=depth, executor=kind.executor, sample=setting.xs[0], threads=1, **learning)
         # One thread here too: the layers are then profiled as the stages run them, and the
         # caller, which only copies samples in and results out, leaves the cores to the stages.
@@ -155,13 +166,13 @@ def pipeline(kind: PipelineKind, depth: int) -> Contender:
     return Contender(name, "pipeline", depth, 1, open_, executor=kind.executor)
 
 
-def stage_alone(name: str, partition: Partition, stage: int) -> Contender:
+def own_tick(name: str, partition: Partition, stage: int) -> Contender:
     """Stage ``stage`` of ``partition`` (a copy of its layers), alone, with one torch thread, doing
     what that stage does at each tick of the pipeline in a steady stream: partime's own ``Stage``
     with the pipeline's defaults, a forward per input and, when learning, the product of the
     gradient of the sample ``2 (D - 1 - stage)`` ticks older (a fixed output gradient; at the last
-    stage, the loss of the sample just run) and the step, with the stashed input's forward run
-    again and the delay's compensation, as in the pipeline."""
+    stage, the loss of the sample just run) and the step of the setting's optimizer, with the
+    stashed input's forward run again and the delay's compensation, as in the pipeline."""
     start, stop = partition.bounds[stage]
     last, delay = stage == partition.depth - 1, 2 * (partition.depth - 1 - stage)
 
@@ -170,7 +181,7 @@ def stage_alone(name: str, partition: Partition, stage: int) -> Contender:
         ys = setting.ys
         learning: dict[str, Any] = {}
         if ys is not None:
-            learning = dict(loss_fn=nn.CrossEntropyLoss(), optimizer=sgd, supervised=True)
+            learning = dict(loss_fn=nn.CrossEntropyLoss(), optimizer=setting.optimizer, supervised=True)
         config = StageConfig(partition.depth, compensation=check_compensation("auto"), **learning)
         layers = copy.deepcopy(setting.layers)  # running them here changes no BatchNorm of the model
         (module,) = fused([layers[start:stop]])  # as the pipeline builds its stage (a traced run: one module)
@@ -196,16 +207,16 @@ def stage_alone(name: str, partition: Partition, stage: int) -> Contender:
 
         def run() -> Timing:
             with torch_threads(1):
-                return _time_calls(itertools.islice(itertools.cycle(inputs), setting.results), setting.results, one)
+                return time_calls(itertools.islice(itertools.cycle(inputs), setting.results), setting.results, one)
 
         yield Opened(run)
 
-    return Contender(name, "bound", partition.depth, 1, open_)
+    return Contender(name, "own tick", partition.depth, 1, open_)
 
 
-def _time_calls(items: Iterable[Tensor], results: int, one: Callable[[int, Tensor], None]) -> Timing:
+def time_calls(items: Iterable[T], results: int, one: Callable[[int, T], None]) -> Timing:
     """``one(i, item)`` for the first ``results`` items, each offered and handed out in turn."""
-    offered: Offered[Tensor] = Offered(items)
+    offered: Offered[T] = Offered(items)
     handed = []
     for i, x in zip(range(results), offered):
         one(i, x)

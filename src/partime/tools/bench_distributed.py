@@ -26,12 +26,12 @@ from ..transport import KIND_DATA
 from ..values import TensorSpec
 from .bench import (
     CLASSES,
-    _time_pipeline,
-    _time_sequential,
     conv_net,
     cpu_clocks,
+    optimizer_named,
     others_busy,
-    sgd,
+    time_pipeline,
+    time_sequential,
 )
 
 
@@ -103,16 +103,19 @@ def bench_distributed(
     warmup: int = 20,
     blocks: int = 5,
     seed: int = 0,
+    optimizer: str = "sgd",
     progress: Callable[[str], None] | None = None,
 ) -> list[dict[str, Any]] | None:
     """``partime.tools.bench.run_bench`` for this executor: every rank calls it, under torchrun.
 
     With D ranks, one row per mode for the sequential baselines (rank 0 alone, one thread and
     every core) and one for ``Pipeline(model, D, executor="distributed")``, keyed as
-    ``run_bench``'s rows are, with the hop costs of this executor's links (``hop_64kb_us``,
-    ``hop_activation_us``) and of a bare gloo send/recv (``hop_64kb_raw_us``) between ranks 0
-    and 1. Rank 0 gets the rows; the other ranks serve their stages and get None.
+    ``run_bench``'s rows are (learning with the optimizer ``bench.OPTIMIZERS`` calls ``optimizer``),
+    with the hop costs of this executor's links (``hop_64kb_us``, ``hop_activation_us``) and of a
+    bare gloo send/recv (``hop_64kb_raw_us``) between ranks 0 and 1. Rank 0 gets the rows; the
+    other ranks serve their stages and get None.
     """
+    factory = optimizer_named(optimizer)
     rank = join_group()
     depth, cores = dist.get_world_size(), os.cpu_count() or 1
     store, call = dist.distributed_c10d._get_default_store(), Run.count  # the same on every rank
@@ -125,13 +128,13 @@ def bench_distributed(
     total = warmup + samples + depth
     xs = torch.randn(total, 1, 3, size, size, generator=gen)
     ys = torch.randint(0, CLASSES, (total, 1), generator=gen)
-    timing = dict(samples=samples, warmup=warmup, blocks=blocks)
+    timing: dict[str, Any] = dict(samples=samples, warmup=warmup, blocks=blocks, optimizer=factory)
     rows: list[dict[str, Any]] = []
     for mode in modes:
         learning = mode == "learning"
         model = conv_net(layers, channels, classes=CLASSES if learning else None, seed=seed)
         if rank > 0:  # serve this rank's stage while rank 0 times the baselines and the pipeline
-            kw: dict[str, Any] = dict(loss_fn=nn.CrossEntropyLoss(), optimizer=sgd) if learning else {}
+            kw: dict[str, Any] = dict(loss_fn=nn.CrossEntropyLoss(), optimizer=factory) if learning else {}
             cpu = _cpu_seconds()
             with Pipeline(model, depth, executor="distributed", threads=1, **kw):
                 pass
@@ -141,7 +144,7 @@ def bench_distributed(
         for threads in sorted({1, cores}):
             report(f"{mode}: sequential, {threads} thread{'s' if threads > 1 else ''}")
             clocks = cpu_clocks()  # the other ranks wait meanwhile: what they use is others' work
-            base[threads] = _time_sequential(copy.deepcopy(model), xs, ys if learning else None, threads, **timing)
+            base[threads] = time_sequential(copy.deepcopy(model), xs, ys if learning else None, threads, **timing)
             rows.append(
                 dict(
                     mode=mode,
@@ -154,7 +157,7 @@ def bench_distributed(
             )
         report(f"{mode}: D={depth}, distributed")
         clocks = cpu_clocks()
-        ms, partition = _time_pipeline(
+        ms, partition = time_pipeline(
             copy.deepcopy(model), depth, "distributed", xs, ys if learning else None, **timing
         )
         busy = others_busy(clocks, cores)
@@ -184,6 +187,7 @@ def bench_distributed(
         )
         for row in rows[first:]:
             row.update(
+                optimizer=optimizer if learning else None,
                 speedup_vs_seq_1thread=base[1] / row["ms_per_sample"],
                 speedup_vs_seq_allcores=base[cores] / row["ms_per_sample"],
                 samples=samples,

@@ -10,27 +10,31 @@ from .bench import MODES
 
 
 def plot_sweep(rows: list[dict[str, Any]], path: Path) -> None:
-    """One panel per mode in ``rows`` (those of ``bench_sweep.run_sweep``): for every contender, its
-    speed-up over sequential with one thread against ``bound_stage_ms`` (the slowest stage alone,
-    log scale), one point per frame size; saved to ``path`` (PNG, matplotlib's Agg backend)."""
+    """One panel per mode (learning: per optimizer) in ``rows`` (those of ``bench_sweep.run_sweep``):
+    for every contender, its speed-up over sequential with one thread against ``bound_stage_ms``
+    (the bound's slowest piece alone, log scale), one point per frame size; saved to ``path`` (PNG,
+    matplotlib's Agg backend)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.ticker import NullFormatter
 
-    modes = [mode for mode in MODES if any(row["mode"] == mode for row in rows)]
-    if not modes:
+    panels = sorted(
+        dict.fromkeys((row["mode"], row.get("optimizer")) for row in rows if row["mode"] in MODES),
+        key=lambda panel: MODES.index(panel[0]),
+    )
+    if not panels:
         raise ValueError("no rows to plot")
-    fig, axes = plt.subplots(1, len(modes), figsize=(6.5 * len(modes), 4.8), squeeze=False, sharey=True)
-    styles = {"sequential": ":", "bound": "--"}
+    fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 4.8), squeeze=False, sharey=True)
+    styles = {"sequential": ":", "bound": "--", "own tick": "-."}
     names = list(dict.fromkeys(row["contender"] for row in rows))
     colours = {name: f"C{i % 10}" for i, name in enumerate(names)}  # a contender has one colour in every panel
-    for ax, mode in zip(axes[0], modes):
+    for ax, (mode, optimizer) in zip(axes[0], panels):
         series: dict[str, list[tuple[float, float]]] = {}
         kinds: dict[str, str] = {}
         for row in rows:
-            if row["mode"] == mode:
+            if (row["mode"], row.get("optimizer")) == (mode, optimizer):
                 series.setdefault(row["contender"], []).append((row["bound_stage_ms"], row["speedup_vs_seq_1thread"]))
                 kinds[row["contender"]] = row["kind"]
         for name, points in series.items():
@@ -48,8 +52,8 @@ def plot_sweep(rows: list[dict[str, Any]], path: Path) -> None:
         stage_ms = sorted({x for points in series.values() for x, _ in points})
         ax.set_xticks(stage_ms, [f"{x:.2g}" for x in stage_ms])  # one tick per frame size
         ax.xaxis.set_minor_formatter(NullFormatter())
-        ax.set_xlabel("stage time: the slowest stage of the cut, alone (ms)")
-        ax.set_title(mode)
+        ax.set_xlabel("stage time: the bound, the slowest piece of the cut alone (ms)")
+        ax.set_title(mode if optimizer is None else f"{mode} ({optimizer})")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize="small")
     axes[0][0].set_ylabel("speed-up over sequential, 1 thread")

@@ -34,7 +34,7 @@ from contextlib import ExitStack
 from typing import Any
 
 from ..malloc import keep_freed_memory
-from .bench import CLASSES, Progress, conv_net, frames, median_ms
+from .bench import CLASSES, Progress, conv_net, frames, median_ms, optimizer_named
 from .bench_clocks import cpu_clocks, others_busy
 from .bench_contenders import Setting
 from .bench_latency import latencies
@@ -57,6 +57,7 @@ def run_rate(
     depths: Sequence[int] = (2,),
     executor: str = "process",
     learning: bool = False,
+    optimizer: str = "sgd",
     size: int = 32,
     layers: int = 12,
     channels: int = 32,
@@ -68,7 +69,8 @@ def run_rate(
     progress: Progress | None = None,
 ) -> list[dict[str, Any]]:
     """One row per contender and rate run (see the module), on ``conv_net(layers, channels)`` (with
-    a head of ``CLASSES`` logits when ``learning``) and the same seeded frames for all.
+    a head of ``CLASSES`` logits when ``learning``, which learns with the optimizer
+    ``bench.OPTIMIZERS`` calls ``optimizer``) and the same seeded frames for all.
 
     Every row has the contender (``contender``, ``kind``, ``depth``, ``threads``, ``executor``; a
     pipeline its ``partition`` and ``balance``), its recorded ``ms_per_sample`` (and
@@ -99,7 +101,7 @@ def run_rate(
     chosen = contenders(depths, cores, executor)
     xs, ys = frames(size, warmup + samples + 1 + 2 * max(depths) + 2, seed)  # the tail: the pipeline drains
     model = conv_net(layers, channels, classes=CLASSES if learning else None, seed=seed)
-    setting = Setting(model, xs, ys if learning else None, warmup + samples)
+    setting = Setting(model, xs, ys if learning else None, warmup + samples, optimizer_named(optimizer))
     names = [c.name for c in chosen]
     clocks = cpu_clocks()
     with ExitStack() as stack:
@@ -131,6 +133,7 @@ def run_rate(
         partitions = {name: live.partition for name, live in opened.items()}
     common: dict[str, Any] = dict(
         mode="learning" if learning else "inference",
+        optimizer=optimizer if learning else None,
         model=conv_net.__name__,
         size=size,
         layers=layers,

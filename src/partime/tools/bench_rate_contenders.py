@@ -30,7 +30,7 @@ from ..partition import Partition
 from ..pipeline import Pipeline
 from ..planner import torch_threads
 from ..sources import MONOTONIC, Clock, at_rate
-from .bench import plain_step, sgd
+from .bench import plain_step
 from .bench_contenders import Setting
 
 
@@ -70,11 +70,11 @@ class LiveContender:
 
 def plain(threads: int) -> LiveContender:
     """The plain model (a copy), one frame at a time, with ``threads`` torch threads; when the
-    setting learns, a forward, backward and SGD step on each frame that it takes."""
+    setting learns, a forward, backward and step of its optimizer on each frame that it takes."""
 
     @contextmanager
     def open_(setting: Setting) -> Iterator[Live]:
-        one = plain_step(copy.deepcopy(setting.model), setting.ys)
+        one = plain_step(copy.deepcopy(setting.model), setting.ys, setting.optimizer)
 
         def run(fps: float | None) -> Run:
             with torch_threads(threads):
@@ -118,11 +118,13 @@ def plain_loop(
 
 def pipelined(executor: str, depth: int) -> LiveContender:
     """``Pipeline(model, depth, executor=executor)``, one torch thread per stage (and in the
-    caller), learning as the setting says with the bench's loss and SGD."""
+    caller), learning as the setting says with the bench's loss and the setting's optimizer."""
 
     @contextmanager
     def open_(setting: Setting) -> Iterator[Live]:
-        learning: dict[str, Any] = dict(loss_fn=nn.CrossEntropyLoss(), optimizer=sgd) if setting.learning else {}
+        learning: dict[str, Any] = {}
+        if setting.learning:
+            learning = dict(loss_fn=nn.CrossEntropyLoss(), optimizer=setting.optimizer)
         options = dict(executor=executor, sample=setting.xs[0], threads=1, **learning)
         # One thread here too: the layers are then profiled as the stages run them, and the
         # caller, which only hands frames in and takes results out, leaves the cores to the stages.

@@ -1,17 +1,24 @@
 """Every contender over a sweep of frame sizes, interleaved in one run: ``partime bench --sizes``.
 
-For each frame size and mode, every contender (``bench_contenders``) is opened once, then timed
-in ``rounds`` rounds that alternate them; each round starts one contender later than the one
-before, so that none always runs first or right after the same neighbour::
+For each frame size and mode (learning: once per optimizer asked for), every contender
+(``bench_contenders``) is opened once, then timed in ``rounds`` rounds that alternate them; each
+round starts one contender later than the one before, so that none always runs first or right
+after the same neighbour::
 
-    round 0:  seq 1 | seq all | replicas | process | thread | stage 0 | stage 1
-    round 1:  seq all | replicas | process | thread | stage 0 | stage 1 | seq 1
+    round 0:  seq 1 | seq all | replicas | process | thread | piece 0 | piece 1 | tick 0 | tick 1
+    round 1:  seq all | replicas | process | thread | piece 0 | piece 1 | tick 0 | tick 1 | seq 1
     one run:  results  w w … w | block 0 | block 1 | … | block 4 | tail (untimed: the stream drains)
 
 A contender's ``ms_per_sample`` is the median over rounds of the median ms per sample of
 ``blocks`` blocks after ``warmup`` results (``bench.median_ms``); its latencies are the
-percentiles over the timed samples of every round (``bench_latency``). The bound of a pipeline
-is the slowest stage of the cut it chose, each stage of that cut timed alone in the same rounds.
+percentiles over the timed samples of every round (``bench_latency``). Each distinct cut the
+pipelines chose has two figures, each stage of the cut timed alone in the same rounds:
+
+- its *bound*: the slowest of the model's own pieces of the cut, run with plain torch, one forward
+  per sample (``bench_bound``);
+- *partime's own tick*: the slowest stage as partime's own ``Stage`` runs it, its grad mode's
+  second forward and the compensation included (``bench_contenders.own_tick``).
+
 It returns rows (dicts); printing and plotting are the CLI's job.
 """
 
@@ -26,7 +33,8 @@ from typing import Any
 
 from ..malloc import keep_freed_memory
 from ..partition import Partition
-from .bench import CLASSES, MODES, Progress, frames, median_ms
+from .bench import CLASSES, MODES, OPTIMIZERS, Progress, frames, median_ms, optimizer_named
+from .bench_bound import piece_alone
 from .bench_clocks import cpu_clocks, others_busy
 from .bench_contenders import (
     Contender,
@@ -34,10 +42,10 @@ from .bench_contenders import (
     PipelineKind,
     Setting,
     Timing,
+    own_tick,
     pipeline,
     replicas,
     sequential,
-    stage_alone,
 )
 from .bench_latency import latencies
 from .bench_models import MODELS
@@ -64,7 +72,8 @@ chooses its depth (up to the cores) and falls back to the model alone where no p
 
 def contenders(depths: Sequence[int], cores: int, pipelines: Sequence[PipelineKind] = PIPELINES) -> list[Contender]:
     """Sequential with one torch thread and with ``cores``, then at each depth the replicas and
-    each pipeline of ``pipelines`` (the bounds are added once the pipelines have chosen their cuts)."""
+    each pipeline of ``pipelines`` (the bounds and own ticks are added once the pipelines have
+    chosen their cuts)."""
     chosen = [sequential(threads) for threads in sorted({1, cores})]
     for depth in depths:
         chosen.append(replicas(depth))
@@ -73,9 +82,18 @@ def contenders(depths: Sequence[int], cores: int, pipelines: Sequence[PipelineKi
     return chosen
 
 
-def sweep_steps(sizes: Sequence[int], modes: Sequence[str], rounds: int) -> int:
+def groups(modes: Sequence[str], optimizers: Sequence[str]) -> list[tuple[str, str | None]]:
+    """The interleaved runs of one frame size, in order: ``(mode, optimizer)``, inference once (no
+    optimizer), learning once per optimizer of ``optimizers``."""
+    runs: list[tuple[str, str | None]] = []
+    for mode in modes:
+        runs += [(mode, name) for name in optimizers] if mode == "learning" else [(mode, None)]
+    return runs
+
+
+def sweep_steps(sizes: Sequence[int], modes: Sequence[str], rounds: int, optimizers: Sequence[str] = ("sgd",)) -> int:
     """How many times ``run_sweep`` calls its ``progress`` (for a progress bar's total)."""
-    return 1 + len(sizes) * (1 + len(modes) * (1 + rounds))
+    return 1 + len(sizes) * (1 + len(groups(modes, optimizers)) * (1 + rounds))
 
 
 def round_order(names: Sequence[str], rounds: int) -> Iterator[list[str]]:
@@ -94,6 +112,7 @@ def run_sweep(
     layers: int = 8,
     channels: int = 24,
     modes: Sequence[str] = MODES,
+    optimizers: Sequence[str] = ("sgd",),
     samples: int = 300,
     warmup: int = 20,
     blocks: int = 5,
@@ -101,18 +120,23 @@ def run_sweep(
     seed: int = 0,
     progress: Progress | None = None,
 ) -> list[dict[str, Any]]:
-    """One row per size, mode and contender, on ``conv3_net(layers, channels)`` (with a head of
+    """One row per size, mode (learning: per optimizer of ``optimizers``, names of
+    ``bench.OPTIMIZERS``) and contender, on ``conv3_net(layers, channels)`` (with a head of
     ``CLASSES`` logits when learning), or the model ``bench_models.MODELS`` names ``model``
     (``"resnet"``: a ResNet-style network, which partime traces), and the same seeded frames
     (batch 1, 3 x size x size).
 
     Every row has the contender's ``ms_per_sample`` (and ``ms_per_round``), ``latency_p50_ms`` and
-    ``latency_p99_ms``, its speed-ups over sequential with one thread and with every core,
+    ``latency_p99_ms``, its speed-ups over sequential with one thread and with every core
+    (``speedup_vs_seq_1thread``, ``speedup_vs_seq_allcores``), ``optimizer`` (None in inference),
     ``bound_stage_ms`` (the bound of the first pipeline at the first depth: the x of the plot),
     the per-hop cost of 64 KB and of one activation, and ``others_busy`` (the fraction of the
     CPUs that other processes kept busy during the interleaved run of its size and mode). A
-    pipeline row has its cut (``partition``, ``balance``, the predicted ``stage_ms``) and
-    ``bound_ms``, ``ms_over_bound``; a bound row has ``stage_alone_ms`` and ``slowest_stage``.
+    pipeline row has its cut (``partition``, ``balance``, the predicted ``stage_ms``), its cut's
+    bound (``bound``: the row's name, ``bound_ms``, ``ms_over_bound``) and partime's own tick of
+    it (``own_tick``, ``own_tick_ms``, ``ms_over_own_tick``). A row of kind ``bound`` or ``own
+    tick`` has each stage's ``stage_alone_ms``, its ``slowest_stage`` and the ``pipelines`` that
+    chose its cut; its ``ms_per_sample`` is its slowest stage's.
     """
     # Every contender computes with the allocator partime gives its stages (``malloc.py``): the
     # sequential model too, and the replicas, rather than a sequential model taxed by page faults.
@@ -133,6 +157,9 @@ def run_sweep(
         raise ValueError("give at least one pipeline contender")
     if model not in MODELS:
         raise ValueError(f"unknown model {model!r}; choose one of {', '.join(MODELS)}")
+    if not optimizers or len(set(optimizers)) < len(optimizers):
+        raise ValueError(f"give one or more distinct optimizers of {', '.join(OPTIMIZERS)}, got {list(optimizers)}")
+    learners = {name: optimizer_named(name) for name in optimizers}
     factory = MODELS[model]
     report = progress or (lambda label: None)
     cores = os.cpu_count() or 1
@@ -152,16 +179,20 @@ def run_sweep(
         at_size["hop_others_busy"] = others_busy(clocks, cores)
         # the tail keeps the draining streams out of the timing: replicas pull up to 2 D - 1 ahead
         xs, ys = frames(size, warmup + samples + 1 + 2 * max(depths) + 2, seed)
-        for mode in modes:
-            learning = mode == "learning"
-            net = factory(layers, channels, classes=CLASSES if learning else None, seed=seed)
-            setting = Setting(net, xs, ys if learning else None, warmup + samples + 1)
-            label = f"{size}x{size} {mode}"
+        for mode, optimizer in groups(modes, optimizers):
+            net = factory(layers, channels, classes=None if optimizer is None else CLASSES, seed=seed)
+            if optimizer is None:
+                setting, label = Setting(net, xs, None, warmup + samples + 1), f"{size}x{size} {mode}"
+            else:
+                setting = Setting(net, xs, ys, warmup + samples + 1, learners[optimizer])
+                label = f"{size}x{size} {mode} ({optimizer})"
             clocks = cpu_clocks()
-            mine = [c for c in chosen if not (learning and c.inference_only)]
+            mine = [c for c in chosen if not (setting.learning and c.inference_only)]
             found = _interleaved(setting, mine, rounds, (warmup, blocks), label, report)
             busy = others_busy(clocks, cores)
-            found = [dict(mode=mode, **at_size, **common, **row, others_busy=busy) for row in found]
+            found = [
+                dict(mode=mode, optimizer=optimizer, **at_size, **common, **row, others_busy=busy) for row in found
+            ]
             rows += _compared(found, cores)
     return rows
 
@@ -175,7 +206,7 @@ def _interleaved(
     report: Progress,
 ) -> list[dict[str, Any]]:
     """Open every contender and the stages of each distinct cut, time them in alternating rounds,
-    and return a row per contender and per bound (before the comparisons); ``timing`` is
+    and return a row per contender, bound and own tick (before the comparisons); ``timing`` is
     ``(warmup, blocks)``. Every contender is closed on leaving, also on an error."""
     with ExitStack() as stack:
         report(f"{label}: starting {len(chosen)} contenders")
@@ -193,38 +224,44 @@ def _interleaved(
 
 
 Bounds = dict[str, tuple[Partition, list[Contender]]]
-"""The bound of each distinct cut the pipelines chose, by its name: the cut and its stages alone."""
+"""The bound and partime's own tick of each distinct cut the pipelines chose, by their rows' names:
+the cut and its stages alone (pieces of kind ``bound``, or stages of kind ``own tick``)."""
+
+FIGURES = {"bound": "bound", "own tick": "own_tick"}
+"""The figures each cut has (a row kind), and the prefix of its keys in a pipeline's row."""
 
 
 def _bounds(chosen: list[Contender], opened: dict[str, Opened]) -> Bounds:
-    """The bound of each distinct cut that the opened pipelines of ``chosen`` chose."""
+    """The bound and own tick of each distinct cut that the opened pipelines of ``chosen`` chose."""
     bounds: Bounds = {}
-    seen: dict[tuple[int, ...], str] = {}
+    seen: set[tuple[int, ...]] = set()
     for c in chosen:
         partition = opened[c.name].partition
         if c.kind != "pipeline" or partition is None or partition.balance in seen:
             continue
-        name = f"bound D={partition.depth}"
-        if name in bounds:  # another cut at this depth: name it by the pipeline that chose it
-            name += f" ({c.name})"
-        seen[partition.balance] = name
-        bounds[name] = (partition, [stage_alone(f"{name}: stage {i}", partition, i) for i in range(partition.depth)])
+        seen.add(partition.balance)
+        for kind, (alone, part) in {"bound": (piece_alone, "piece"), "own tick": (own_tick, "stage")}.items():
+            name = f"{kind} D={partition.depth}"
+            if name in bounds:  # another cut at this depth: name it by the pipeline that chose it
+                name += f" ({c.name})"
+            bounds[name] = (partition, [alone(f"{name}: {part} {i}", partition, i) for i in range(partition.depth)])
     return bounds
 
 
 def _rows(
     chosen: list[Contender], bounds: Bounds, partitions: dict[str, Partition], figures: dict[str, dict[str, Any]]
 ) -> list[dict[str, Any]]:
-    """A row per contender, then one per bound; a pipeline's row names its bound."""
-    bound_rows, bound_of = [], {}
+    """A row per contender, then one per bound and own tick; a pipeline's row names both of its cut."""
+    bound_rows, figure_of = [], {}
     for name, (partition, stages) in bounds.items():
+        kind = stages[0].kind
         alone = [figures[s.name] for s in stages]
         slowest = max(range(len(alone)), key=lambda i: alone[i]["ms_per_sample"])
-        bound_of[partition.balance] = name, alone[slowest]["ms_per_sample"]
+        figure_of[kind, partition.balance] = name, alone[slowest]["ms_per_sample"]
         bound_rows.append(
             dict(
                 contender=name,
-                kind="bound",
+                kind=kind,
                 depth=partition.depth,
                 threads=1,
                 executor=None,
@@ -245,23 +282,23 @@ def _rows(
         cut = partitions.get(c.name)
         if cut is not None:
             times = cut.stage_times
-            bound, bound_ms = bound_of[cut.balance]
             row.update(
                 depth=cut.depth,  # as many stages as it chose (balance="auto" chooses the depth too)
                 partition=str(cut),
                 balance=list(cut.balance),
                 stage_ms=None if times is None else [t * 1e3 for t in times],
                 max_stage_ms=None if times is None else max(times) * 1e3,
-                bound=bound,
-                bound_ms=bound_ms,
-                ms_over_bound=row["ms_per_sample"] / bound_ms,
             )
+            for kind, key in FIGURES.items():
+                name, ms = figure_of[kind, cut.balance]
+                row.update({key: name, f"{key}_ms": ms, f"ms_over_{key}": row["ms_per_sample"] / ms})
         contender_rows.append(row)
     return contender_rows + bound_rows
 
 
 def _compared(rows: list[dict[str, Any]], cores: int) -> list[dict[str, Any]]:
-    """The rows of one size and mode, each with its speed-ups and the size's ``bound_stage_ms``."""
+    """The rows of one size and mode, each with its speed-ups and the size's ``bound_stage_ms`` (the
+    first bound's)."""
     base = {row["threads"]: row["ms_per_sample"] for row in rows if row["kind"] == "sequential"}
     stage_ms = next(row["ms_per_sample"] for row in rows if row["kind"] == "bound")
     for row in rows:

@@ -39,7 +39,13 @@ def _names(value: str, choices: tuple[str, ...], option: str) -> tuple[str, ...]
     show_default=True,
     help="Samples per run (each a batch of 4 frames).",
 )
-@click.option("--seeds", type=click.IntRange(min=1), default=2, show_default=True, help="Seeds per configuration.")
+@click.option(
+    "--seeds",
+    type=click.IntRange(min=1),
+    default=2,
+    show_default=True,
+    help="Seeds reported per configuration (with --own-step: seeds 1 to N; seed 0 chooses the step sizes).",
+)
 @click.option(
     "--depths", default="2,4,8", show_default=True, callback=whole_numbers("depths", "2,4,8"), help="Pipeline depths D."
 )
@@ -57,6 +63,20 @@ def _names(value: str, choices: tuple[str, ...], option: str) -> tuple[str, ...]
     show_default=True,
     help="Optimizers, comma-separated: sgd, momentum (0.9), adam. Each learns at the step size of its "
     "grid that suits sequential learning of each stream best (seed 0).",
+)
+@click.option(
+    "--configs",
+    "config_names",
+    default=None,
+    help="Configurations run beside sequential, comma-separated (default: all): a grad mode (stash), a grad "
+    "mode and its compensation joined by + (stash+delay-correction), or default (what a Pipeline learns with "
+    "when nothing is chosen).",
+)
+@click.option(
+    "--own-step",
+    is_flag=True,
+    help="Each configuration, and sequential, learns at its own best step size of its optimizer's grid "
+    "(one step smaller added), chosen on seed 0; the gaps are to sequential at its own best step.",
 )
 @click.option(
     "--jobs",
@@ -81,21 +101,69 @@ def _names(value: str, choices: tuple[str, ...], option: str) -> tuple[str, ...]
     show_default=True,
     help="Where to write fidelity.json, fidelity.md and fidelity.png.",
 )
+@click.option(
+    "--live",
+    is_flag=True,
+    help="The live view instead: a stream arriving faster than the plain loop learns, the plain loop (which "
+    "drops more) against a D=2 pipeline with its defaults (which learns with delay), each at its own best step "
+    "size (seed 0); writes live.json, live.md and live.png. --depths and --cut do not apply.",
+)
+@click.option(
+    "--rates",
+    default="1.5,2",
+    show_default=True,
+    help="With --live: the stream's rates, comma-separated multiples of the plain loop's learning rate.",
+)
+@click.option(
+    "--times",
+    default=None,
+    help="With --live: seconds per learning sample as plain_ms,pipeline_ms for every stream and optimizer, or "
+    "an earlier live.json to take its times from (default: measured first, on this machine).",
+)
+@click.option(
+    "--check-real",
+    "real",
+    is_flag=True,
+    help="With --live: then play the first stream, optimizer and rate on the real clock to both contenders, "
+    "and count what each kept beside the schedule's prediction.",
+)
 def fidelity(
     frames: int,
     seeds: int,
     depths: tuple[int, ...],
     stream_names: str,
     optimizer_names: str,
+    config_names: str | None,
+    own_step: bool,
     jobs: int,
     how: str,
     out_dir: Path,
+    live: bool,
+    rates: str,
+    times: str | None,
+    real: bool,
 ) -> None:
     """Measure what learning with delay costs: sequential against D-stage pipelines, test-then-train."""
     from . import fidelity as fid
 
     names = _names(stream_names, fid.STREAMS, "--streams")
     optimizers = _names(optimizer_names, fid.OPTIMIZERS, "--optimizer")
+    if live:
+        from .fidelity_live_cli import live_view
+
+        live_view(
+            frames=frames,
+            seeds=seeds,
+            stream_names=names,
+            optimizers=optimizers,
+            rates=rates,
+            times=times,
+            real=real,
+            jobs=jobs,
+            out_dir=out_dir,
+        )
+        return
+    only = None if config_names is None else _names(config_names, fid.choices(optimizers), "--configs")
     console = wide_console()
     with progress_bar(console) as bar:
 
@@ -106,11 +174,17 @@ def fidelity(
                 description=(f"{row['optimizer']} lr {row['lr']:g}: {row['stream']} {row['label']} seed {row['seed']}"),
             )
 
-        tuning = fid.tuning_configs(names, optimizers)
+        if own_step:
+            tuning = fid.own_step_tuning(names, depths, optimizers, how, only)
+        else:
+            tuning = fid.tuning_configs(names, optimizers)
         tuned = fid.run_all(tuning, frames, jobs=jobs, progress=report(bar.add_task("step sizes", total=len(tuning))))
-        configs = fid.configs(names, depths, seeds, how, fid.best_step_sizes(tuned))
+        if own_step:
+            configs = fid.at_own_steps(tuning, fid.own_best_steps(tuned), seeds)
+        else:
+            configs = fid.configs(names, depths, seeds, how, fid.best_step_sizes(tuned), only)
         rows = fid.run_all(configs, frames, jobs=jobs, progress=report(bar.add_task("learning", total=len(configs))))
-    paths = fid.write(rows, out_dir, tuning=tuned)
+    paths = fid.write(rows, out_dir, tuning=tuned, own_step=own_step)
     console.print(paths["markdown"].read_text())
     console.print(
         f"{len(tuned)} + {len(rows)} runs of {frames} samples; written: " + ", ".join(str(p) for p in paths.values())

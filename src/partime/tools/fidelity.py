@@ -14,7 +14,10 @@ gives each stage the same number of layers instead, to show what the choice of c
 
 Each optimizer (``OPTIMIZERS``: plain SGD, SGD with momentum 0.9, Adam) learns each stream at the
 step size of ``LR_GRID`` that suits sequential learning of it best on ``TUNING_SEED``
-(``tuning_configs``, ``best_step_sizes``), so that a pipeline is held to a well-tuned baseline.
+(``tuning_configs``, ``best_step_sizes``), so that a pipeline is held to a well-tuned baseline;
+or, in the user's view, each configuration learns at its own best step size, chosen on
+``TUNING_SEED`` and reported on other seeds (``own_step_tuning``, ``own_best_steps``,
+``at_own_steps``; see ``fidelity_tuning``).
 
 Streams:
 - ``digits``: ``streams.moving_digits``, a small CNN classifying each frame (accuracy);
@@ -28,7 +31,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict
 from typing import Any, cast
@@ -44,18 +47,18 @@ from ..pipeline import Pipeline
 from .fidelity_configs import (
     COMPENSATIONS,
     CUTS,
+    DEFAULT,
+    DEFAULT_GRAD_MODE,
     DIGITS_LR,
     GRAD_MODES,
-    LR_GRID,
     OPTIMIZERS,
     STREAMS,
-    TUNING_SEED,
     Config,
-    StepSizes,
     automatic,
-    best_step_sizes,
+    choice,
+    choices,
     compensations,
-    tuning_configs,
+    picked,
 )
 from .fidelity_models import Carry, camera_model, digits_model, even_balance, next_frame_error
 from .fidelity_report import (
@@ -65,17 +68,35 @@ from .fidelity_report import (
     default_label,
     headline,
     markdown,
+    own_step_summary,
+    own_step_table,
     plot,
     summarise,
     write,
 )
+from .fidelity_tuning import (
+    LR_GRID,
+    SMALLER_STEP,
+    TUNING_SEED,
+    OwnSteps,
+    StepSizes,
+    at_every_own_step,
+    at_own_steps,
+    best_step_sizes,
+    own_best_steps,
+    own_grid,
+    reported_seeds,
+    tuning_configs,
+)
 
-# What moved to fidelity_configs and fidelity_report is still reached as fidelity.NAME.
+# What moved to fidelity_configs, fidelity_tuning and fidelity_report is still reached as fidelity.NAME.
 __all__ = [
     "BATCH",
     "COMPENSATIONS",
     "COMPENSATION_LINES",
     "CUTS",
+    "DEFAULT",
+    "DEFAULT_GRAD_MODE",
     "DIGITS_LR",
     "GRAD_MODES",
     "HOLD",
@@ -83,14 +104,20 @@ __all__ = [
     "MODE_COLOURS",
     "OPTIMIZERS",
     "OPTIMIZER_NAMES",
+    "SMALLER_STEP",
     "STREAMS",
     "TUNING_SEED",
     "Carry",
     "Config",
+    "OwnSteps",
     "StepSizes",
+    "at_every_own_step",
+    "at_own_steps",
     "automatic",
     "best_step_sizes",
     "camera_model",
+    "choice",
+    "choices",
     "compensations",
     "configs",
     "cut",
@@ -101,9 +128,17 @@ __all__ = [
     "markdown",
     "next_frame_error",
     "optimizer_factory",
+    "own_best_steps",
+    "own_grid",
+    "own_step_summary",
+    "own_step_table",
+    "own_step_tuning",
+    "picked",
     "plot",
+    "reported_seeds",
     "run",
     "run_all",
+    "samples_of",
     "summarise",
     "tuning_configs",
     "write",
@@ -114,7 +149,9 @@ log = logging.getLogger(__name__)
 HOLD, BATCH = 10, 4  # digits: each digit held 10 frames; 4 independent streams per sample
 
 
-def _stream(config: Config, frames: int) -> tuple[Iterator[Any], Iterator[Any] | None]:
+def samples_of(config: Config, frames: int) -> tuple[Iterator[Any], Iterator[Any] | None]:
+    """The first ``frames`` samples of ``config``'s stream and seed, and their targets (None on the
+    camera, whose samples are (frame, next frame) pairs)."""
     if config.stream == "camera":
         pairs = streams.next_frame_pairs(streams.panning_camera(frames + 1, seed=config.seed, size=16, batch=BATCH))
         return iter(pairs), None
@@ -132,7 +169,7 @@ def run(config: Config, frames: int) -> dict[str, Any]:
     model = camera_model() if camera else digits_model()
     loss_fn = next_frame_error if camera else nn.CrossEntropyLoss()
     optimizer = optimizer_factory(config.optimizer, config.lr)
-    xs, ys = _stream(config, frames)
+    xs, ys = samples_of(config, frames)
     targets: list[Tensor] = []
     if ys is not None:
         ys = _recording(ys, targets)
@@ -216,7 +253,7 @@ def cut(stream: str, depth: int, how: str = "planned") -> tuple[int, ...]:
     model = camera_model() if stream == "camera" else digits_model()
     if how == "even":
         return tuple(even_balance(len(model), depth))
-    xs, _ = _stream(Config(stream, depth), 1)
+    xs, _ = samples_of(Config(stream, depth), 1)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -231,10 +268,12 @@ def configs(
     seeds: int,
     how: str = "planned",
     step_sizes: StepSizes | None = None,
+    only: Collection[str] | None = None,
 ) -> list[Config]:
-    """Sequential, and every grad mode and its compensations at each depth, for each seed and
-    each optimizer of ``step_sizes`` (default: plain SGD at ``DIGITS_LR``); every run of one model
-    at one depth cut the same way (``cut``): the shuffled control as moving digits."""
+    """Sequential, and every grad mode and its compensations at each depth (those that ``only``
+    picks, by the names of ``choices``; None: all), for each seed and each optimizer of
+    ``step_sizes`` (default: plain SGD at ``DIGITS_LR``); every run of one model at one depth cut
+    the same way (``cut``): the shuffled control as moving digits."""
     step_sizes = step_sizes or {(stream, "sgd"): DIGITS_LR for stream in stream_names}
     models = {stream: "camera" if stream == "camera" else "digits" for stream in stream_names}
     cuts = {(model, depth): cut(model, depth, how) for model in dict.fromkeys(models.values()) for depth in depths}
@@ -244,8 +283,22 @@ def configs(
             out.append(Config(stream, 1, seed=seed, optimizer=opt, lr=lr))
             for depth, mode in itertools.product(depths, GRAD_MODES):
                 for comp in compensations(mode, opt):
-                    out.append(Config(stream, depth, mode, comp, seed, cuts[models[stream], depth], opt, lr))
+                    if picked(mode, comp, opt, only):
+                        out.append(Config(stream, depth, mode, comp, seed, cuts[models[stream], depth], opt, lr))
     return out
+
+
+def own_step_tuning(
+    stream_names: Sequence[str],
+    depths: Sequence[int],
+    optimizers: Sequence[str],
+    how: str = "planned",
+    only: Collection[str] | None = None,
+) -> list[Config]:
+    """What ``configs`` runs with each of ``optimizers`` (``only`` as there), each configuration,
+    sequential included, on ``TUNING_SEED`` at every step size of its optimizer's ``own_grid``."""
+    smallest = {(stream, opt): own_grid(opt)[0] for stream in stream_names for opt in optimizers}
+    return at_every_own_step(configs(stream_names, depths, 1, how, smallest, only))
 
 
 def run_all(

@@ -1,47 +1,47 @@
-"""What fidelity measures: the streams, optimizers, step sizes, grad modes and compensations.
+"""What fidelity measures: the streams, optimizers, grad modes and compensations.
 
 ``Config`` is one run; ``compensations`` says which compensations each grad mode is measured
-with, ``tuning_configs`` the sequential runs that choose each step size and ``best_step_sizes``
-the step size they choose. Pure data: nothing here trains or times.
+with, ``choices`` the names by which a user picks among them and ``picked`` whether a run is
+picked. The step sizes are chosen in ``fidelity_tuning``. Pure data: nothing here trains or times.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import cast
 
 from .. import lookahead
-from ..compensation import AUTOMATIC
+from ..compensation import AUTO, AUTOMATIC
+from ..stage_config import GRAD_MODES, StageConfig
 
 STREAMS = ("digits", "shuffled", "camera")
-GRAD_MODES = ("partime", "stash", "weight-stash")
 OPTIMIZERS = ("sgd", "momentum", "adam")
-LR_GRID = {
-    "sgd": (0.03, 0.1, 0.3, 1.0, 3.0),
-    "momentum": (0.003, 0.01, 0.03, 0.1, 0.3),
-    "adam": (3e-4, 1e-3, 3e-3, 1e-2),
-}
-"""The step sizes tried for sequential learning; each stream and optimizer learns with its best."""
-TUNING_SEED = 0
-"""The seed whose sequential runs choose the step size."""
+DEFAULT_GRAD_MODE = cast(str, StageConfig.__dataclass_fields__["grad_mode"].default)
+"""The grad mode a ``Pipeline`` learns with when none is chosen."""
+DEFAULT = "default"
+"""The choice of what a ``Pipeline`` learns with when nothing is chosen: ``DEFAULT_GRAD_MODE``
+with ``compensation="auto"``."""
 DIGITS_LR = 0.07  # plain SGD's best step size for sequential learning of moving digits
-# The compensations each grad mode is measured with ("+" joins options used together), beside what
-# the default, compensation="auto", chooses for the optimizer. The optimizer-aware options need the
-# optimizer's momentum (plain SGD has none, and its prediction is its weights), and with a
-# prediction both stash modes compute the same (the predicted weights are stashed).
+_STASH = (
+    "",
+    "delay-correction",
+    "step-scale",
+    "optimizer-prediction",
+    "optimizer-prediction+long-momentum",
+    "spike",
+    AUTO,
+)
+# The compensations each grad mode is measured with ("+" joins options used together; "auto": what
+# compensation="auto" chooses for the optimizer); a grad mode missing here is measured plain. The
+# optimizer-aware options need the optimizer's momentum (plain SGD has none, and its prediction is
+# its weights), and with a prediction both stash modes compute the same (the predicted weights are
+# stashed). "graph-stash" is measured wherever partime.stage_config.GRAD_MODES has it.
 COMPENSATIONS = {
     "partime": ("",),
     "weight-stash": ("", "delay-correction"),
-    "stash": (
-        "",
-        "delay-correction",
-        "step-scale",
-        "optimizer-prediction",
-        "optimizer-prediction+long-momentum",
-        "spike",
-    ),
+    "stash": _STASH,
+    "graph-stash": _STASH,
 }
 CUTS = ("planned", "even")
 
@@ -52,16 +52,37 @@ def automatic(optimizer: str) -> str:
 
 
 def compensations(grad_mode: str, optimizer: str) -> tuple[str, ...]:
-    """The compensations measured with ``grad_mode`` under ``optimizer`` (with ``stash``, the
-    default's choice among them)."""
+    """The compensations measured with ``grad_mode`` under ``optimizer``, ``"auto"`` resolved
+    (``DEFAULT_GRAD_MODE`` is always measured with it: the default is measured)."""
+    resolved = [automatic(optimizer) if c == AUTO else c for c in COMPENSATIONS.get(grad_mode, ("",))]
     names = [
-        c
-        for c in COMPENSATIONS[grad_mode]
-        if optimizer != "sgd" or not any(option in lookahead.OPTIONS for option in c.split("+"))
+        c for c in resolved if optimizer != "sgd" or not any(option in lookahead.OPTIONS for option in c.split("+"))
     ]
-    if grad_mode == "stash":
+    if grad_mode == DEFAULT_GRAD_MODE:
         names.append(automatic(optimizer))
     return tuple(dict.fromkeys(names))
+
+
+def choice(grad_mode: str, compensation: str) -> str:
+    """The name by which a user picks a grad mode and compensation: ``"stash+delay-correction"``."""
+    return "+".join(n for n in (grad_mode, compensation) if n)
+
+
+def choices(optimizers: Sequence[str]) -> tuple[str, ...]:
+    """The names a user may pick configurations by, with any of ``optimizers``: ``DEFAULT``, and
+    ``choice`` of each grad mode of ``GRAD_MODES`` and each of its compensations."""
+    names = [DEFAULT] + [
+        choice(mode, comp) for opt in optimizers for mode in GRAD_MODES for comp in compensations(mode, opt)
+    ]
+    return tuple(dict.fromkeys(names))
+
+
+def picked(grad_mode: str, compensation: str, optimizer: str, only: Collection[str] | None) -> bool:
+    """Whether ``only`` (names of ``choices``; None: all) picks ``grad_mode`` with ``compensation``
+    under ``optimizer``: by its ``choice``, or as ``DEFAULT``."""
+    if only is None or choice(grad_mode, compensation) in only:
+        return True
+    return DEFAULT in only and (grad_mode, compensation) == (DEFAULT_GRAD_MODE, automatic(optimizer))
 
 
 @dataclass(frozen=True)
@@ -82,32 +103,3 @@ class Config:
         if self.depth == 1:
             return "sequential"
         return f"D={self.depth} {self.grad_mode}" + "".join(f" + {c}" for c in self.compensation.split("+") if c)
-
-
-StepSizes = dict[tuple[str, str], float]
-"""The step size of each (stream, optimizer)."""
-
-
-def tuning_configs(stream_names: Sequence[str], optimizers: Sequence[str]) -> list[Config]:
-    """Sequential learning of each stream with each optimizer at every step size of its grid."""
-    return [
-        Config(stream, 1, seed=TUNING_SEED, optimizer=opt, lr=lr)
-        for stream in stream_names
-        for opt in optimizers
-        for lr in LR_GRID[opt]
-    ]
-
-
-def best_step_sizes(rows: Sequence[dict[str, Any]]) -> StepSizes:
-    """For each (stream, optimizer) among ``rows``, the step size whose run scored best (a
-    diverged run never wins): the highest accuracy, or the lowest loss on the camera."""
-    best: dict[tuple[str, str], tuple[float, float]] = {}
-    for row in rows:
-        key = (row["stream"], row["optimizer"])
-        if row["stream"] == "camera":
-            score = -row["loss"] if row["loss"] is not None else -math.inf
-        else:
-            score = row["accuracy"] if row["diverged_at"] is None else -math.inf
-        if key not in best or score > best[key][0]:
-            best[key] = (score, row["lr"])
-    return {key: lr for key, (_, lr) in best.items()}

@@ -20,6 +20,9 @@ from rich.progress import (
 )
 from rich.table import Table
 
+OPTIMIZER_NAMES = {"sgd": "SGD", "adam": "Adam"}
+"""How the reports name the bench's optimizers (``bench.OPTIMIZERS``)."""
+
 
 def wide_console() -> Console:
     """The console to print on; wide enough for the tables when the output is not a terminal."""
@@ -77,7 +80,7 @@ def bench_table(rows: list[dict]) -> Table:
         stage = f"{row['max_stage_ms']:.2f}" if row.get("max_stage_ms") is not None else ""
         others = "?" if row["others_busy"] is None else f"{row['others_busy']:.0%}"
         table.add_row(
-            row["mode"],
+            mode_of(row),
             run,
             f"{row['ms_per_sample']:.2f}",
             f"{row['speedup_vs_seq_1thread']:.2f}",
@@ -89,15 +92,21 @@ def bench_table(rows: list[dict]) -> Table:
     return table
 
 
+def mode_of(row: dict) -> str:
+    """A row's mode, with its optimizer when it learns: ``inference``, ``learning (sgd)``."""
+    return row["mode"] if row.get("optimizer") is None else f"{row['mode']} ({row['optimizer']})"
+
+
 def print_sweep(console: Console, rows: list[dict], json_path: Path | None) -> None:
-    """The rows of ``bench_sweep.run_sweep``: a table per mode, what was measured, and the JSON."""
-    for mode in dict.fromkeys(row["mode"] for row in rows):
-        console.print(sweep_table([row for row in rows if row["mode"] == mode]))
+    """The rows of ``bench_sweep.run_sweep``: a table per mode (and optimizer), what was measured, and the JSON."""
+    for mode in dict.fromkeys(mode_of(row) for row in rows):
+        console.print(sweep_table([row for row in rows if mode_of(row) == mode]))
     first = rows[0]
     hops = {row["size"]: row for row in rows}.values()
     console.print(
         f"{first['cores']} cores; batch-1 frames 3 x size x size; a stem and {first['layers']} blocks of 3x3 conv "
-        f"({first['channels']} channels) + ReLU, and a head when learning; per run {first['samples']} samples timed "
+        f"({first['channels']} channels) + ReLU, and a head, cross-entropy and the optimizer when learning; "
+        f"per run {first['samples']} samples timed "
         f"after {first['warmup']}, median of {first['blocks']} blocks; median over {first['rounds']} rounds that "
         "alternate the contenders"
     )
@@ -109,19 +118,25 @@ def print_sweep(console: Console, rows: list[dict], json_path: Path | None) -> N
         )
     )
     console.print(
-        "stage ms: the bound of the first pipeline, the slowest stage of its cut timed alone with one thread "
-        "(learning: forward, backward and step; a stash pipeline's stages before the last also run their forward "
-        "again for the backward); latency: from the moment the stream pulls a sample to the moment its result "
-        "comes out, over the timed samples of every round"
+        "bound: the slowest of the model's own pieces of the pipeline's cut, each timed alone with plain torch and "
+        "one thread (inference: a forward under inference_mode; learning: one forward, the backward and the "
+        "optimizer's step, the loss in the last piece); own tick: the slowest stage of that cut alone as partime's "
+        "own Stage runs it (learning with the defaults: a stash stage before the last also runs its forward again "
+        "for the backward, and compensates its delay); stage ms: the first pipeline's bound; ÷ bound, ÷ own tick: "
+        "ms/sample over them; latency: from the moment the stream pulls a sample to the moment its result comes "
+        "out, over the timed samples of every round"
     )
     busy = max([row.get("hop_others_busy") or 0.0 for row in rows] + [row["others_busy"] or 0.0 for row in rows])
     _close(console, rows, json_path, busy, "up to", " (column 'others'): the sizes where they did are skewed")
 
 
 def sweep_table(rows: list[dict]) -> Table:
-    """The rows of one mode of ``run_sweep`` as a table, by frame size then contender."""
+    """The rows of one mode (and optimizer) of ``run_sweep`` as a table, by frame size then contender."""
     first = rows[0]
-    table = Table(title=f"partime bench, {first['mode']}: median ms per sample over {first['rounds']} rounds")
+    title = f"partime bench, {first['mode']}"
+    if first.get("optimizer") is not None:
+        title += f" with {OPTIMIZER_NAMES.get(first['optimizer'], first['optimizer'])}"
+    table = Table(title=f"{title}: median ms per sample over {first['rounds']} rounds")
     names: tuple[str, ...] = (
         "frames",
         "stage ms",
@@ -130,13 +145,14 @@ def sweep_table(rows: list[dict]) -> Table:
         "× seq 1 thr",
         "× seq all cores",
         "÷ bound",
+        "÷ own tick",
     )
     names += ("p50 ms", "p99 ms", "others", "cut")
     for name in names:
         table.add_column(name, justify="left" if name in ("contender", "cut") else "right", no_wrap=name != "cut")
     for row in rows:
         cut = "" if row.get("balance") is None else str(row["balance"])
-        if row["kind"] == "bound":
+        if row["kind"] in ("bound", "own tick"):
             cut += " alone: " + ", ".join(f"{ms:.2f}" for ms in row["stage_alone_ms"]) + " ms"
         table.add_row(
             f"{row['size']}x{row['size']}",
@@ -146,6 +162,7 @@ def sweep_table(rows: list[dict]) -> Table:
             f"{row['speedup_vs_seq_1thread']:.2f}",
             f"{row['speedup_vs_seq_allcores']:.2f}",
             "" if row.get("ms_over_bound") is None else f"{row['ms_over_bound']:.2f}",
+            "" if row.get("ms_over_own_tick") is None else f"{row['ms_over_own_tick']:.2f}",
             f"{row['latency_p50_ms']:.2f}",
             f"{row['latency_p99_ms']:.2f}",
             "?" if row["others_busy"] is None else f"{row['others_busy']:.0%}",
@@ -174,7 +191,11 @@ def print_rate(console: Console, rows: list[dict], json_path: Path | None) -> No
     console.print(
         f"{first['cores']} cores; {first['mode']}; batch-1 frames 3x{first['size']}x{first['size']}; a stem and "
         f"{first['layers']} blocks of 5x5 conv ({first['channels']} channels) + ReLU"
-        + (", a head, cross-entropy and SGD" if first["mode"] == "learning" else "")
+        + (
+            f", a head, cross-entropy and {OPTIMIZER_NAMES.get(first['optimizer'], first['optimizer'])}"
+            if first["mode"] == "learning"
+            else ""
+        )
         + f"; each run: {first['warmup']} frames of warm-up, {first['samples']} timed, read with when_behind='drop'; "
         f"{_count(first['rounds'], 'round')} that alternate the contenders; ms/sample: on recorded frames, median of "
         f"{first['blocks']} blocks, median over rounds; latency: from a frame's arrival to its result, kept frames "

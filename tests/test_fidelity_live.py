@@ -1,0 +1,157 @@
+"""The live view: the drop schedule against literal tables and the library's own drop, a run, the CLI."""
+
+import json
+
+import pytest
+import torch
+from click.testing import CliRunner
+from torch import nn
+
+from partime import Pipeline
+from partime.sources import FakeClock, at_rate
+from partime.tools import fidelity_live_runs as runs
+from partime.tools.cli import main
+from partime.tools.fidelity_live import Entry, drop_schedule
+from partime.tools.fidelity_live_cli import parse_rates, parse_times
+from partime.tools.fidelity_live_clock import check_real
+
+
+def table(entries):
+    return [(e.index, round(e.arrived, 9), round(e.went_in, 9)) for e in entries]
+
+
+# 10 samples at 10 per second (sample k arrives at k/10 s); 0.15 s per sample taken.
+#
+#   free at  arrived, waiting       goes in  dropped
+#   0        0                      0        -
+#   0.15     1 (0.1)                1        -
+#   0.30     2 (0.2), 3 (0.3)       3        2
+#   0.45     4 (0.4)                4        -
+#   0.60     5 (0.5), 6 (0.6)       6        5
+#   0.75     7 (0.7)                7        -
+#   0.90     8 (0.8), 9 (0.9)       9        8
+BY_HAND = [(0, 0.0, 0.0), (1, 0.1, 0.15), (3, 0.3, 0.3), (4, 0.4, 0.45), (6, 0.6, 0.6), (7, 0.7, 0.75), (9, 0.9, 0.9)]
+
+
+def test_the_drop_schedule_by_hand():
+    assert table(drop_schedule(10, rate=10, seconds_per_sample=0.15)) == BY_HAND
+
+
+def test_nothing_is_dropped_when_a_sample_takes_no_longer_than_the_gap():
+    for seconds in (0.0, 0.05, 0.1):
+        assert table(drop_schedule(10, 10, seconds)) == [(k, k / 10, k / 10) for k in range(10)]
+
+
+def test_a_whole_number_of_gaps_takes_the_sample_arriving_as_it_gets_free():
+    # 0.2 s: free at 0.2, 0.4, ... as sample 2, 4, ... arrives; then 9 waits for it from 0.9 to 1.0
+    assert table(drop_schedule(10, 10, 0.2)) == [
+        (0, 0, 0),
+        (2, 0.2, 0.2),
+        (4, 0.4, 0.4),
+        (6, 0.6, 0.6),
+        (8, 0.8, 0.8),
+        (9, 0.9, 1.0),
+    ]
+    assert [e.index for e in drop_schedule(10, 10, 0.3)] == [0, 3, 6, 9]
+    assert [e.index for e in drop_schedule(31, 10, 0.7)] == [0, 7, 14, 21, 28, 30]  # 0.7 * 10 is no whole float
+
+
+def test_an_empty_stream_and_bad_arguments():
+    assert drop_schedule(0, 10, 0.1) == []
+    assert drop_schedule(1, 10, 5.0) == [Entry(0, 0.0, 0.0)]
+    with pytest.raises(ValueError, match="rate must be .* not 0"):
+        drop_schedule(5, 0, 0.1)
+    with pytest.raises(ValueError, match="seconds_per_sample .* not -1"):
+        drop_schedule(5, 10, -1)
+    with pytest.raises(ValueError, match="samples must be .* not 2.5"):
+        drop_schedule(2.5, 10, 0.1)
+
+
+@pytest.mark.parametrize("seconds", [1 / 16, 1 / 8, 3 / 16, 1 / 4, 5 / 8])
+def test_the_schedule_is_what_a_pipeline_under_drop_keeps(seconds):
+    # a one-stage pipeline on a fake clock, its caller busy `seconds` after each result: the samples
+    # that went in, and when, are the schedule's (binary fractions: the clock's sums are exact)
+    clock = FakeClock()
+    kept = []
+    with Pipeline(nn.Sequential(nn.Linear(2, 2)), [1], executor="inline") as pipe:
+        for r in pipe.stream(at_rate([torch.zeros(2)] * 20, 8, clock=clock), when_behind="drop"):
+            if not r.dropped:
+                kept.append((r.index, r.offered_at, clock.now()))
+                clock.advance(seconds)
+    assert table(drop_schedule(20, 8, seconds)) == kept
+
+
+def config(contender, seconds, stream="digits"):
+    balance = (10,) if contender == "plain" else (3, 7)
+    if stream == "camera":
+        balance = (8,) if contender == "plain" else (4, 4)
+    return runs.LiveConfig(stream, contender, "sgd", 0.1, 1.5, 100.0, seconds, balance, seed=1)
+
+
+@pytest.mark.parametrize("stream", ["digits", "camera"])
+def test_a_contender_learns_only_the_samples_it_keeps(stream):
+    row = runs.run(config("plain", 0.025, stream), 20, held_out=8)  # 2.5 gaps: 0, 2, 5, 7, 10, ...
+    kept = drop_schedule(20, 100.0, 0.025)
+    assert [e.index for e in kept] == [0, 2, 5, 7, 10, 12, 15, 17, 19]
+    assert row["kept"] == 9 and row["frames"] == 20 and row["seconds"] == pytest.approx(0.2)
+    assert [t for t, _ in row["history"]] == [e.arrived for e in kept]
+    assert row["held_out"] is not None and row["diverged_at"] is None
+    assert (row["metric"] == "loss") == (stream == "camera")
+    pipelined = runs.run(config("pipeline", 0.005, stream), 20, held_out=8)
+    assert pipelined["kept"] == 20 and pipelined["label"].startswith("D=2 ")
+
+
+def test_the_pipeline_learns_with_the_library_defaults():
+    import inspect
+
+    default = inspect.signature(Pipeline).parameters["grad_mode"].default
+    assert runs.pipeline_label("sgd").startswith(f"D=2 {default}")
+
+
+def test_a_diverged_run_is_a_result():
+    bad = runs.LiveConfig("digits", "pipeline", "sgd", 1e6, 1.5, 100.0, 0.005, (3, 7), seed=1)
+    row = runs.run(bad, 40, held_out=4)
+    assert row["diverged_at"] is not None and row["held_out"] is None
+    assert 0 <= row["score"] < 1  # the kept samples after it count as misses
+
+
+def test_the_options_are_checked():
+    assert parse_rates("1.5, 2") == (1.5, 2.0)
+    for bad in ("", "0", "x,2", "inf"):
+        with pytest.raises(Exception, match="--rates|above 0"):
+            parse_rates(bad)
+    rows = parse_times("10,6", ["digits"], ["sgd", "adam"])
+    assert [(t["optimizer"], t["plain_ms"], t["pipeline_ms"]) for t in rows] == [("sgd", 10, 6), ("adam", 10, 6)]
+    with pytest.raises(Exception, match="plain_ms,pipeline_ms"):
+        parse_times("10", ["digits"], ["sgd"])
+
+
+def test_a_tiny_live_view_writes_its_table_json_and_plot(tmp_path, monkeypatch):
+    monkeypatch.setattr(runs, "LR_GRID", {"sgd": (0.03, 0.1)})
+    args = ["fidelity", "--live", "--frames", "20", "--seeds", "1", "--streams", "digits", "--optimizer", "sgd"]
+    args += ["--times", "10,6", "--jobs", "1", "--out", str(tmp_path)]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    data = json.loads((tmp_path / "live.json").read_text())
+    assert len(data["tuning"]) == 2 * 2 * 2  # rates x contenders x step sizes
+    assert len(data["runs"]) == 2 * 2 and {r["seed"] for r in data["runs"]} == {1}
+    rates = {1.5: 150.0, 2.0: 200.0}  # 1.5 and 2 times 1 / 10 ms
+    for r in data["runs"]:
+        assert r["rate"] == pytest.approx(rates[r["multiple"]])
+        assert r["kept"] == len(drop_schedule(20, r["rate"], 0.010 if r["contender"] == "plain" else 0.006))
+        assert r["held_out_samples"] == 20
+    kept = {(r["multiple"], r["contender"]): r["kept"] for r in data["runs"]}
+    assert kept == {(1.5, "plain"): 14, (1.5, "pipeline"): 20, (2.0, "plain"): 11, (2.0, "pipeline"): 17}
+    assert [t["source"] for t in data["times"]] == ["given"]
+    table_text = (tmp_path / "live.md").read_text()
+    assert table_text.count("| digits | SGD |") == 2 and "| 1.5× (150/s) | 70% / 100% |" in table_text
+    assert (tmp_path / "live.png").read_bytes()[:4] == b"\x89PNG"
+    again = parse_times(str(tmp_path / "live.json"), ["digits"], ["sgd"])  # a re-run takes these times
+    assert again[0]["plain_ms"] == 10 and again[0]["balance"] == data["times"][0]["balance"]
+
+
+def test_the_real_clock_check_runs():
+    check = check_real("digits", "sgd", {"plain": 0.1, "pipeline": 0.1}, runs.Times(0.002, 0.002), 200.0, 12)
+    for contender in runs.CONTENDERS:
+        got = check[contender]
+        assert 1 <= got["kept"] <= 12 and got["predicted"] == 12 and not got["diverged"]
