@@ -98,6 +98,7 @@ def run(args: tuple) -> dict:
         model,
         even_balance(len(model), depth),
         executor="inline",
+        threads=1,
         loss_fn=loss_fn,
         optimizer=optimizer_factory(opt, lr),
         grad_mode=mode,

@@ -21,7 +21,7 @@ from partime.partition import best_split, plan
 from partime.ties import tied_cuts
 from partime.tools.bench_models import resnet
 from partime.tools.cli import main
-from partime.traced import layers_of
+from partime.traced import boundary_specs, layers_of
 from partime.traced_partition import TracedPartition
 
 MODELS = ("resnet", "unet", "transformer")
@@ -225,7 +225,9 @@ def test_a_list_balance_that_splits_tied_weights_is_refused_naming_them():
         'balance [1, 4] splits a shared parameter between stage 0 and stage 1: "enc.weight" of node enc '
         '(layer 0, stage 0) is "dec.weight" of node dec (layer 2, stage 1), and each stage would update it '
         "on its own (layers: 5); put layers 0 to 2 (nodes enc to dec) in one stage: balance=[3, 2], or untie "
-        "the weights"
+        "the weights; TiedEnds: its 5 layers are the nodes of its traced graph, in order: 0 enc, 1 relu, 2 dec, "
+        "3 relu_1, 4 head (pipe.partition.nodes names them, and pipe.partition.summary() shows them by stage, for a "
+        "pipeline made with balance=[5])"
     )
     with pytest.raises(ValueError, match=r'"lin.weight" is used by node lin \(layer 0, stage 0\) and by node lin_1 '):
         partime.Pipeline(tm.SameTwice(), [2, 3], executor="inline")
@@ -307,6 +309,155 @@ def test_a_value_that_is_not_a_tensor_and_would_cross_a_cut_is_named():
     with partime.Pipeline(tm.CarriesAnInt(), [1, 3], executor="inline") as pipe:  # else at the first sample
         with pytest.raises(StageError, match=match):
             pipe.step(xs[0])
+
+
+# --- in place: what Python writes into and fx does not record ---------------------------------
+
+
+@pytest.mark.parametrize("balance", [1, 2, [1, 4]])
+def test_an_augmented_assignment_into_a_tensor_with_another_name_is_refused(balance):
+    x = torch.randn(2, 4)
+    match = (
+        r"node add of KeepsTheOldName.forward \(traced_models.py:\d+, in forward: a \+= self.l2\(a\)\) is an "
+        r"augmented assignment \(\+=\): .* node l1 \(traced_models.py:\d+, in forward: a = self.l1\(x\)\), the "
+        r"tensor it changes, is used after it by node add_1 \(traced_models.py:\d+, in forward: return "
+        r"self.l3\(a\) \+ keep\)"
+    )
+    for sample in (x, None):
+        with pytest.raises(TypeError, match=match):
+            partime.Pipeline(tm.KeepsTheOldName(), balance, executor="inline", sample=sample)
+
+
+@pytest.mark.parametrize(
+    ("model", "match"),
+    [
+        (tm.FeatureList, r"node add of FeatureList.forward \(.*y \+= self.block\(y\)\) .* node stem .* by node cat "),
+        (
+            tm.WritesIntoAView,
+            (
+                r"node mul_ of WritesIntoAView.forward \(.*a.mul_\(2\)\) writes in place into node lin .* node view "
+                r"\(traced_models.py:\d+, in forward: flat = a.view\(-1\)\), which shares its memory, is used after it"
+            ),
+        ),
+    ],
+)
+def test_an_in_place_write_that_another_name_would_miss_is_refused(model, match):
+    with pytest.raises(TypeError, match=match):
+        partime.Pipeline(model(), 2, executor="inline")
+
+
+@pytest.mark.parametrize("model", [tm.InPlaceResNet, tm.ScaledQuery])
+@pytest.mark.parametrize("depth", [1, 2, 3])
+def test_in_place_ops_that_no_other_name_sees_pipeline_to_the_bit(model, depth):
+    torch.manual_seed(0)
+    net = model()
+    xs = [torch.randn(1, 3, 8, 8) if model is tm.InPlaceResNet else torch.randn(1, 5, 8) for _ in range(4)]
+    with partime.Pipeline(net, depth, executor="inline", threads=1, sample=xs[0]) as pipe:
+        outputs = [r.output for r in pipe.stream(xs)]
+    with torch.no_grad():
+        assert all(torch.equal(out, net(x)) for out, x in zip(outputs, xs, strict=True))
+
+
+def test_in_place_ops_that_no_other_name_sees_learn_as_the_model_does():
+    torch.manual_seed(0)
+    xs = [torch.randn(1, 3, 8, 8) for _ in range(5)]
+    ys = [torch.randint(3, (1,)) for _ in xs]
+    model, loss_fn = tm.InPlaceResNet(), nn.CrossEntropyLoss()
+    plain, optimizer = copy.deepcopy(model), sgd(model.parameters())
+    expected = []
+    for x, y in zip(xs, ys, strict=True):
+        out = model(x)
+        loss = loss_fn(out, y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        expected.append((out.detach(), loss.item()))
+    kw = dict(loss_fn=loss_fn, optimizer=sgd, threads=1)
+    with partime.Pipeline(plain, 1, executor="inline", sample=xs[0], **kw) as pipe:
+        got = [(r.output, r.loss) for r in pipe.stream(xs, ys)]
+    assert all(torch.equal(a, b) and la == lb for (a, la), (b, lb) in zip(got, expected, strict=True))
+    runs = []
+    for executor in ("inline", "thread", "process"):  # stages that begin with ReLU(inplace=True), out += identity
+        with partime.Pipeline(plain, [2, 6, 12], executor=executor, **kw) as pipe:
+            runs.append([(r.output, r.loss) for r in pipe.stream(xs, ys)])
+    for run in runs[1:]:
+        assert all(torch.equal(a, b) and la == lb for (a, la), (b, lb) in zip(runs[0], run, strict=True))
+
+
+def test_a_traced_graph_that_computes_otherwise_than_the_forward_is_refused_on_the_sample():
+    x = torch.randn(2, 4)
+    model = tm.CountsItsCalls()
+    layers = layers_of(model)  # traced with calls == 1: the graph multiplies by 1, the forward by 2 next
+    match = (
+        r"the traced graph of CountsItsCalls.forward computes other values than CountsItsCalls.forward on the "
+        r"sample: its output, a \(2, 4\) torch.float32 tensor, differs by up to [\d.e+-]+\. "
+    )
+    with pytest.raises(TypeError, match=match):
+        boundary_specs(layers, x, model)
+    assert model.calls == 1  # the check ran a copy
+    unet = tm.make("unet")
+    assert len(boundary_specs(layers_of(unet), torch.randn(1, 3, 8, 8), unet)) == len(tm.UNET_NODES) - 1
+
+
+# --- what the sample and the balance must fit ------------------------------------------------
+
+
+def test_a_sample_that_does_not_fit_the_traced_forward_names_its_inputs_and_the_fix():
+    x, mask = torch.randn(2, 8), torch.ones(2, 8)
+    match = (
+        r"the traced Masked.forward\(x, mask=None\) takes 1 input, x: give each sample as one tensor, got a tuple "
+        r"of 2 \(Tensor, Tensor\)\. mask is left at its default .* to stream it too, give it no default "
+        r"\(forward\(self, x, mask\)\) and each sample as a tuple \(x, mask\)"
+    )
+    with pytest.raises(TypeError, match=match):
+        partime.Pipeline(tm.Masked(), 2, executor="inline", sample=(x, mask))
+    with partime.Pipeline(tm.Masked(), 2, executor="inline") as pipe:  # timed on the first sample
+        with pytest.raises(TypeError, match=match):
+            pipe.step((x, mask))
+    with partime.Pipeline(tm.Masked(), [1, 1], executor="inline") as pipe:  # in stage 0
+        with pytest.raises(StageError, match=match):
+            pipe.step((x, mask))
+    two = r"the traced TwoInputs.forward\(x, y\) takes 2 inputs, x and y: give each sample as a tuple of 2 tensors"
+    with pytest.raises(TypeError, match=two + r" \(x, y\), in this order, got a Tensor\.$"):
+        partime.Pipeline(tm.TwoInputs(), 2, executor="inline", sample=x)
+    with partime.Pipeline(tm.TwoInputs(), [1, 2], executor="inline") as pipe:
+        with pytest.raises(StageError, match=two + r" \(x, y\), in this order, got a tuple of 3 \(Tensor, "):
+            pipe.step((x, x, x))
+
+
+UNET_LISTING = (
+    "UNet: its 17 layers are the nodes of its traced graph, in order: 0 enc1, 1 relu, 2 pool, 3 enc2, 4 relu_1, "
+    "5 pool_1, 6 mid, 7 relu_2, 8 up2, 9 cat, 10 dec2, 11 relu_3, 12 up1, 13 cat_1, 14 dec1, 15 relu_4, 16 head "
+    "(pipe.partition.nodes names them, and pipe.partition.summary() shows them by stage, for a pipeline made with "
+    "balance=[17])"
+)
+
+
+@pytest.mark.parametrize(
+    ("balance", "start"),
+    [
+        ([3, 3], "balance and number of layers differ (layers: 17, sum of balance: 6, balance: [3, 3])"),
+        ([17, 0], "every stage needs at least one layer, got 0 at index 1 (balance: [17, 0])"),
+        (18, "cannot cut 17 layers into 18 stages: a stage needs at least one layer (balance: 18, layers: 17)"),
+    ],
+)
+def test_a_balance_that_does_not_fit_a_traced_model_counts_and_names_its_nodes(balance, start):
+    with pytest.raises(ValueError) as info:
+        partime.Pipeline(tm.make("unet"), balance, executor="inline")
+    assert str(info.value) == f"{start}; {UNET_LISTING}"
+    with partime.Pipeline(tm.make("unet"), [17], executor="inline") as pipe:  # the way the message gives
+        assert list(pipe.partition.nodes) == tm.UNET_NODES
+
+
+def test_the_nodes_of_a_long_traced_model_are_listed_shortened():
+    torch.manual_seed(0)
+    model = tm.Transformer(layers=3)
+    with pytest.raises(ValueError) as info:
+        partime.Pipeline(model, [1, 1], executor="inline")
+    message = str(info.value)
+    assert "Transformer: its 29 layers are the nodes of its traced graph, in order: 0 embed, 1 add, " in message
+    assert ", 11 layers_1_attn, ..., 17 add_4, " in message and message.count(", ") < 40
+    assert "27 mean, 28 out (pipe.partition.nodes names them" in message
 
 
 # --- the bench ------------------------------------------------------------------------------

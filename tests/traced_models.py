@@ -294,3 +294,133 @@ class CarriesAnInt(nn.Module):
         n = rows(x)
         y = torch.relu(self.lin(x))
         return y.reshape(n, -1)
+
+
+# --- in place, and what fx records otherwise -------------------------------------------------
+
+
+class KeepsTheOldName(nn.Module):
+    """``a += ...`` on a tensor with another name used after it: Python adds in place, so ``keep``
+    changes with ``a``; torch.fx records an add that makes a new tensor."""
+
+    def __init__(self):
+        super().__init__()
+        self.l1, self.l2, self.l3 = nn.Linear(4, 4), nn.Linear(4, 4), nn.Linear(4, 4)
+
+    def forward(self, x):
+        a = self.l1(x)
+        keep = a
+        a += self.l2(a)
+        return self.l3(a) + keep
+
+
+class FeatureList(nn.Module):
+    """A list of features (DenseNet's habit) whose first is then added into in place."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem, self.block = nn.Linear(4, 4), nn.Linear(4, 4)
+
+    def forward(self, x):
+        y = self.stem(x)
+        features = [y]
+        y += self.block(y)
+        features.append(y)
+        return torch.cat(features, dim=1)
+
+
+class WritesIntoAView(nn.Module):
+    """An in-place write into a tensor that a view made before it still names after it."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin, self.out = nn.Linear(4, 4), nn.Linear(4, 4)
+
+    def forward(self, x):
+        a = self.lin(x)
+        flat = a.view(-1)
+        a.mul_(2)
+        return self.out(a) + flat.sum()
+
+
+class InPlaceBlock(nn.Module):
+    """torchvision's BasicBlock: ``ReLU(inplace=True)``, and ``out += identity`` where ``out``'s old
+    value is used nowhere after."""
+
+    def __init__(self, c):
+        super().__init__()
+        self.conv1, self.bn1 = nn.Conv2d(c, c, 3, 1, 1, bias=False), nn.BatchNorm2d(c)
+        self.conv2, self.bn2 = nn.Conv2d(c, c, 3, 1, 1, bias=False), nn.BatchNorm2d(c)
+        self.relu = nn.ReLU(inplace=True)
+
+    def forward(self, x):
+        identity = x
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        out += identity
+        return self.relu(out)
+
+
+class InPlaceResNet(nn.Module):
+    """A stem and two ``InPlaceBlock``, as torchvision writes them, and a head."""
+
+    def __init__(self, c=4, classes=3):
+        super().__init__()
+        self.conv, self.bn, self.relu = nn.Conv2d(3, c, 3, 1, 1, bias=False), nn.BatchNorm2d(c), nn.ReLU(inplace=True)
+        self.layer1 = nn.Sequential(InPlaceBlock(c), InPlaceBlock(c))
+        self.fc = nn.Linear(c, classes)
+
+    def forward(self, x):
+        x = self.layer1(self.relu(self.bn(self.conv(x))))
+        return self.fc(torch.flatten(nn.functional.adaptive_avg_pool2d(x, 1), 1))
+
+
+class ScaledQuery(nn.Module):
+    """Attention whose query, a chunk of one projection, is scaled in place: the other chunks are
+    other memory, so nothing else changes with it."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv, self.out = nn.Linear(8, 24), nn.Linear(8, 8)
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        q *= 0.5
+        weights = torch.softmax(q @ k.transpose(-2, -1), dim=-1)
+        return self.out(weights @ v)
+
+
+class CountsItsCalls(nn.Module):
+    """A Python side effect: tracing runs forward once and keeps the count it saw as a constant."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        return self.lin(x) * self.calls
+
+
+class Masked(nn.Module):
+    """An optional second input, left at its default by the tracer."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin, self.out = nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def forward(self, x, mask=None):
+        y = self.lin(x)
+        if mask is not None:
+            y = y * mask
+        return self.out(y)
+
+
+class TwoInputs(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin, self.out = nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def forward(self, x, y):
+        return self.out(self.lin(x) * y)

@@ -20,9 +20,11 @@ from numbers import Real
 
 from torch import nn
 
-from partime.balance import Balance, _is_int, check_balance
+from partime import balance as balance_rules
+from partime.balance import Balance, _is_int
 from partime.hops import stage_hop
 from partime.profiling import Sample, profile_layers
+from partime.traced import balance_hint
 from partime.traced_fused import fused
 
 log = logging.getLogger(__name__)
@@ -152,6 +154,19 @@ class Partition:
             f"{seq / total if total > 0 else math.inf:.2f}x predicted"
         )
         return "\n".join(lines)
+
+
+def check_balance(model: nn.Sequential, balance: Balance) -> None:
+    """``balance.check_balance``: a TypeError or ValueError naming the actual values unless ``balance``
+    cuts ``model``. For a traced model's layers a ValueError also counts them and names their nodes,
+    numbered in order (``traced.balance_hint``), so that a balance can be counted out on them."""
+    try:
+        balance_rules.check_balance(model, balance)
+    except ValueError as exc:
+        hint = "" if isinstance(balance, str) else balance_hint(model)
+        if not hint:
+            raise
+        raise ValueError(f"{exc}; {hint}") from None
 
 
 def split(model: nn.Sequential, balance: Sequence[int]) -> list[nn.Module]:

@@ -14,7 +14,7 @@ import threading
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-import torch  # noqa: F401 - the example in the class docstring uses it
+import torch
 from torch import nn
 
 from . import arrivals
@@ -146,54 +146,65 @@ class Pipeline(Checkpointing):
         nonfinite: str = "raise",
         timeout: float | None = TIMEOUT_S,
     ):
-        self._pid = os.getpid()
-        self._status = "new"  # new -> open -> closed
-        self._executor = None
-        # the pipeline's own copy: the caller's model is never changed
-        self._root = copy.deepcopy(model) if isinstance(model, nn.Module) else model
-        layers = layers_of(self._root)  # the copy itself, or its traced graph's segments
-        # a traced model's boundaries, shown by the sample: a value that cannot cross a cut fails here
-        self._specs: tuple[ValueSpec, ...] | None = None
-        if layers is not self._root and sample is not None:
-            self._specs = boundary_specs(layers, sample)
-        args = check_arguments(
-            layers,
-            balance,
-            devices=devices,
-            executor=executor,
-            loss_fn=loss_fn,
-            optimizer=optimizer,
-            grad_mode=grad_mode,
-            threads=threads,
-            nonfinite=nonfinite,
-            timeout=timeout,
-            sample=sample,
-            compensation=compensation,
-        )
-        self._executor_class = args.executor_class
-        depth = self.depth = args.depth
-        self._devices = args.devices
-        self._timeout = args.timeout
-        self._threads = args.threads
-        self._model = layers
-        # "auto" chose its depth: from here on as balance=D (a checkpoint may have another cut of D)
-        self._balance = args.depth if isinstance(balance, str) else balance
-        self._config = StageConfig(
-            depth, loss_fn, optimizer, grad_mode, False, check_compensation(compensation), nonfinite=nonfinite
-        )
-        check_optimizer_factory(optimizer, self._config.compensation)
-        self._sigterm = SigtermGuard() if self._executor_class.child_processes else None
-        self._state = PipelineState(supervised=takes_target(loss_fn) if loss_fn is not None else False)
-        self._partition = args.partition
-        if self._partition is None and (not isinstance(balance, int) or sample is not None):
-            self._partition = self._plan(sample)
-        self._failure = None
-        self._skips = SkipWatch()
-        self._clock = MONOTONIC
-        self._caller = threading.Lock()
-        self._user = None
-        # The distributed executor runs one stage per rank; on ranks > 0 the pipeline serves its stage.
-        self._rank = self._executor_class.rank(depth)
+        # What partime runs for itself here (traces, probes, timing) draws nothing from the caller's
+        # random stream; the stages start from it (SPEC.md, "Random and stateful layers").
+        random_state = torch.get_rng_state()
+        with torch.random.fork_rng(devices=[]):
+            self._pid = os.getpid()
+            self._status = "new"  # new -> open -> closed
+            self._executor = None
+            # the pipeline's own copy: the caller's model is never changed
+            self._root = copy.deepcopy(model) if isinstance(model, nn.Module) else model
+            layers = layers_of(self._root)  # the copy itself, or its traced graph's segments
+            # a traced model's boundaries, shown by the sample: a value that cannot cross a cut fails here
+            self._specs: tuple[ValueSpec, ...] | None = None
+            if layers is not self._root and sample is not None:
+                self._specs = boundary_specs(layers, sample, self._root)
+            args = check_arguments(
+                layers,
+                balance,
+                devices=devices,
+                executor=executor,
+                loss_fn=loss_fn,
+                optimizer=optimizer,
+                grad_mode=grad_mode,
+                threads=threads,
+                nonfinite=nonfinite,
+                timeout=timeout,
+                sample=sample,
+                compensation=compensation,
+            )
+            self._executor_class = args.executor_class
+            depth = self.depth = args.depth
+            self._devices = args.devices
+            self._timeout = args.timeout
+            self._threads = args.threads
+            self._model = layers
+            # "auto" chose its depth: from here on as balance=D (a checkpoint may have another cut of D)
+            self._balance = args.depth if isinstance(balance, str) else balance
+            self._config = StageConfig(
+                depth,
+                loss_fn,
+                optimizer,
+                grad_mode,
+                False,
+                check_compensation(compensation),
+                nonfinite=nonfinite,
+                random_state=random_state,
+            )
+            check_optimizer_factory(optimizer, self._config.compensation)
+            self._sigterm = SigtermGuard() if self._executor_class.child_processes else None
+            self._state = PipelineState(supervised=takes_target(loss_fn) if loss_fn is not None else False)
+            self._partition = args.partition
+            if self._partition is None and (not isinstance(balance, int) or sample is not None):
+                self._partition = self._plan(sample)
+            self._failure = None
+            self._skips = SkipWatch()
+            self._clock = MONOTONIC
+            self._caller = threading.Lock()
+            self._user = None
+            # The distributed executor runs one stage per rank; on ranks > 0 the pipeline serves its stage.
+            self._rank = self._executor_class.rank(depth)
 
     # -- public ---------------------------------------------------------------------------------
 

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from partime.balance import _is_int, check_balance
+from partime.traced_segment import Segment
 from partime.values import as_tensors
 
 log = logging.getLogger(__name__)
@@ -49,11 +50,17 @@ def profile_layers(
 
     ``on_output(k, output)``, if given, is called with each child's output once, in the last
     repetition, outside the timed part (``hops.HopMeter`` times the boundaries so).
+
+    A sample that does not fit a traced model's forward (``traced_segment.Segment.check_sample``)
+    is refused with that TypeError, which names the forward's inputs, before anything runs.
     """
     if not _is_int(repeats) or repeats < 1 or not _is_int(warmup) or warmup < 0:
         raise ValueError(f"need repeats >= 1 and warmup >= 0, got repeats={repeats!r}, warmup={warmup!r}")
     check_balance(model, 1)
     as_tensors(sample, "sample")
+    first = next(iter(model._modules.values()))
+    if isinstance(first, Segment):  # its own words, rather than the first op's on a misplaced value
+        first.check_sample(sample)
     replica = copy.deepcopy(model)
     children = list(replica._modules.values())
     devices = _cuda_devices(sample, replica)

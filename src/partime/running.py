@@ -195,7 +195,10 @@ class Running:
     def _running(self, x: Any, y: Any) -> Executor:
         """The executor; started first, from sample ``x`` (and target ``y``) or the loaded
         checkpoint, if it is not running yet."""
-        return self._guard(self._start, x, y) if self._executor is None else self._executor
+        if self._executor is not None:
+            return self._executor
+        with torch.random.fork_rng(devices=[]):  # planning and starting draw nothing from the caller's stream
+            return self._guard(self._start, x, y)
 
     def _start(self, x: Any, y: Any) -> Executor:
         """Fix the partition and every boundary's layout from the first sample (or the loaded

@@ -45,6 +45,7 @@ from .stage_config import (
     takes_target,
 )
 from .stage_learning import compensation_state, load_compensation_state, make_learning, step
+from .stage_random import RandomStream
 from .stage_record import Forward, record_from, record_state, to_device, value_of
 from .values import as_tensors, copy_tensors, is_float
 
@@ -103,6 +104,8 @@ class Stage:
             and self._learning.predictor is None
             else None
         )
+        # the stage's own random stream (None: a stage made apart from a pipeline draws from the process's)
+        self._random = None if config.random_state is None else RandomStream(index, config.random_state)
         self._anchors: dict[int, list[Tensor]] = {}  # delay-correction: the weights at each forward
         self._newest: Forward | None = None  # partime: the newest input
         self._pending: dict[int, Forward] = {}  # stash modes: forwards awaiting their gradient
@@ -114,10 +117,12 @@ class Stage:
         self.phase = "forward"
         value = to_device(value, self.device)
         if not self.config.learning:
-            with torch.no_grad():
+            with torch.no_grad(), self._drawing():
                 return self.module(value)
         tensors = as_tensors(value, f"input of stage {self.index}")
         record = Forward(sample, tuple(self._leaf(t) for t in tensors), not isinstance(value, Tensor))
+        if self.index < self.config.depth - 1:  # a delayed stage may run this forward again
+            record.random = self._random.state if self._random is not None else torch.get_rng_state()
         now: list[Tensor] = []  # a copy of the weights now, if the grad mode keeps one
         if self._learning.predictor is not None:
             record.weights = self._learning.predictor.predict()
@@ -152,10 +157,8 @@ class Stage:
             raise RuntimeError(f"stage {self.index} has no loss_fn: a pipeline without one does not learn")
         record, outputs = self._record_for(sample)
         output = value_of(outputs, self._out_is_tuple)
-        if self.config.supervised:
-            loss = loss_fn(output, to_device(target, self.device))
-        else:
-            loss = loss_fn(output)
+        with self._drawing():
+            loss = loss_fn(output, to_device(target, self.device)) if self.config.supervised else loss_fn(output)
         if not isinstance(loss, Tensor) or loss.dim() != 0:
             shape = tuple(loss.shape) if isinstance(loss, Tensor) else type(loss).__name__
             raise ValueError(
@@ -192,10 +195,11 @@ class Stage:
     def state_dict(self) -> dict[str, Any]:
         """Everything of this stage that decides its future ticks, as copies in plain values.
 
-        Its weights and buffers, its optimizer's state, the forwards it keeps for a later
-        product (inputs; weights in ``weight-stash`` mode or with weight prediction; whether a
-        graph of it was still valid), the layout of its output and the compensation state (with
-        delay correction, the weights each sample in flight went forward with).
+        Its weights and buffers, its optimizer's state, its random stream, the forwards it keeps
+        for a later product (inputs; weights in ``weight-stash`` mode or with weight prediction;
+        the random state each started from; whether a graph of it was still valid, and in
+        ``graph-stash`` mode what that graph saved), the layout of its output and the compensation
+        state (with delay correction, the weights each sample in flight went forward with).
         """
         return {
             "module": copy_tensors(self.module.state_dict()),
@@ -206,6 +210,7 @@ class Stage:
             "out_is_tuple": self._out_is_tuple,
             **compensation_state(self._learning),
             "anchors": [(sample, copy_tensors(anchor)) for sample, anchor in self._anchors.items()],
+            "random": None if self._random is None else self._random.state.clone(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -226,6 +231,8 @@ class Stage:
             self.optimizer.load_state_dict(state["optimizer"])
         load_compensation_state(self._learning, state)
         self._anchors = {sample: [t.to(self.device) for t in anchor] for sample, anchor in state.get("anchors", ())}
+        if self._random is not None and state.get("random") is not None:
+            self._random.state, self._random.draws = state["random"].clone(), None
         self._newest = None
         self._pending = {}
         rebuild = []
@@ -239,7 +246,7 @@ class Stage:
             if kept_state["graph"]:
                 rebuild.append(record)
         for record in rebuild:
-            record.outputs = self._run(record, scratch_buffers=True, replay=record.saved is not None)
+            record.outputs = self._run(record, again=True)
         self._out_is_tuple = state["out_is_tuple"]
 
     # -- internals ------------------------------------------------------------------------------
@@ -250,29 +257,38 @@ class Stage:
             leaf.requires_grad_()
         return leaf
 
-    def _run(self, record: Forward, scratch_buffers: bool = False, replay: bool = False) -> tuple[Tensor, ...]:
-        """The forward of ``record.inputs`` with the weights the grad mode asks for, with graph;
-        with ``scratch_buffers``, on copies of the buffers (the module's own stay as they are).
+    def _run(self, record: Forward, again: bool = False) -> tuple[Tensor, ...]:
+        """The forward of ``record.inputs`` with the weights the grad mode asks for, with graph.
+
+        A sample's own forward draws from the stage's random stream and updates the module's
+        buffers (BatchNorm's running statistics) as a plain forward does. Run ``again`` (for a
+        product, or to rebuild a checkpoint's graph), it is the same forward: it draws what the
+        sample's own drew, and runs on copies of the buffers, so that every sample updates them once.
 
         A record with ``saved`` gets a graph kept across steps (``KeptGraph``): what it saves is
-        collected there, or, with ``replay``, taken from there (a checkpoint's copies)."""
+        collected there, or, run ``again``, taken from there (a checkpoint's copies)."""
         # On a clone, so that a layer working in place changes neither a stashed input nor a leaf.
         value = value_of(tuple(t.clone() for t in record.inputs), record.is_tuple)
         swapped = dict(zip(self._names, record.weights))
-        if scratch_buffers:
+        if again:
             swapped.update((name, b.clone()) for name, b in self.module.named_buffers())
         hooks: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
         if record.saved is not None:
             assert self._kept is not None  # only a graph-stash stage's records save
-            keep = self._kept.replaying if replay else self._kept.keeping
+            keep = self._kept.replaying if again else self._kept.keeping
             hooks = keep(record.sample, record.saved)
-        with torch.enable_grad(), hooks:
+        randomness = RandomStream.replaying(record.random) if again else self._drawing()
+        with torch.enable_grad(), hooks, randomness:
             if swapped:
                 out = torch.func.functional_call(self.module, swapped, (value,))
             else:
                 out = self.module(value)
         self._out_is_tuple = not isinstance(out, Tensor)
         return as_tensors(out, f"output of stage {self.index}")
+
+    def _drawing(self) -> contextlib.AbstractContextManager[None]:
+        """Within it, what the stage's forward or loss draws comes from the stage's own stream."""
+        return self._random.drawing() if self._random is not None else contextlib.nullcontext()
 
     def _record_for(self, sample: int) -> tuple[Forward, tuple[Tensor, ...]]:
         """The forward whose graph the product of ``sample``'s gradient uses, made valid, and its outputs."""
@@ -284,7 +300,7 @@ class Stage:
             record = self._pending.pop(sample)
         outputs = record.outputs
         if outputs is None:  # a step made its graph stale: run it again with the weights now
-            outputs = record.outputs = self._run(record)
+            outputs = record.outputs = self._run(record, again=True)
         return record, outputs
 
     def _apply(

@@ -39,6 +39,7 @@ class StageConfig:
     supervised: bool = False
     compensation: tuple[str, ...] = ()
     nonfinite: str = "raise"  # a non-finite loss: "raise", or "skip" (no gradient, no step)
+    random_state: Tensor | None = None  # the caller's random state when the pipeline was made
 
     @property
     def learning(self) -> bool:

@@ -29,6 +29,7 @@ class Forward:
     weights: list[Tensor] = field(default_factory=list)  # weight-stash: the weights it went with
     outputs: tuple[Tensor, ...] | None = None  # with their graph, while it is valid
     saved: list[Tensor] | None = None  # graph-stash: what its kept graph saved, parameters aside
+    random: Tensor | None = None  # the random state its forward started from, to run it again
 
 
 def record_state(record: Forward) -> dict[str, Any]:
@@ -40,6 +41,7 @@ def record_state(record: Forward) -> dict[str, Any]:
         "weights": copy_tensors(record.weights),
         "graph": record.outputs is not None,
         "saved": None if record.saved is None else copy_tensors(record.saved),
+        "random": None if record.random is None else record.random.clone(),
     }
 
 
@@ -55,6 +57,7 @@ def record_from(state: dict[str, Any], leaf: Callable[[Tensor], Tensor], device:
         state["is_tuple"],
         weights,
         saved=None if saved is None else [t.to(device) for t in saved],
+        random=state.get("random"),  # likewise
     )
 
 

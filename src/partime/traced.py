@@ -21,6 +21,15 @@ what cannot be cut and, where fx gives it, the source line, with the fix:
   iteration over a tensor; ``*args``/``**kwargs``);
 - a forward that writes into its input in place (``x.add_(1)``, ``ReLU(inplace=True)`` on it, or
   on a view of it): partime hands each input on and may run it forward again;
+- a write in place that another name of the same memory would see in Python and not in the
+  traced graph (``check_writes``): an augmented assignment (``a += b``), which Python runs in place
+  on a tensor and fx records as ``a + b`` into a new tensor, where the old tensor (``keep = a``
+  before it, a list that holds it, a view of it) is used after it; and an explicit in-place op
+  (``a.mul_(2)``, ``ReLU(inplace=True)``) on a tensor that another node's value shares (a view of
+  it, made before) and that is used after it, since each value that crosses a cut reaches the next
+  stage as a copy of its own, and the write would not reach the other's. An in-place op whose
+  tensor has no other name used after it is computed as it is: ``out += identity`` and
+  ``ReLU(inplace=True)`` in torchvision's ResNet, ``q *= scale`` on a chunk of a projection;
 - an output that is not a tensor or a flat tuple of tensors;
 - one of torch's own layers as the model (it is kept whole: wrap it in an ``nn.Sequential``).
 
@@ -32,7 +41,15 @@ makes it, at its first forward: when the pipeline is made if it is given ``sampl
 (``boundary_specs``), else at the first sample.
 
 The arguments of ``forward`` that have a default are left at it (fx's ``concrete_args``); the
-sample gives the others: one tensor, or a tuple with one per argument.
+sample gives the others: one tensor, or a tuple with one per argument. A sample that does not fit
+is refused, naming the forward's inputs and how to give them (``Segment.check_sample``).
+
+What the graph cannot show is checked on a sample: ``boundary_specs(layers, sample, model)`` runs
+the traced layers and ``model`` itself on it and refuses, with a TypeError, a graph that computes
+other values than the forward (to the bit on CPU). That catches what no look at the graph can:
+what fx does not record (a Python side effect, such as a counter on the module read back as a
+constant; a write through a name fx cannot follow); the look at the graph (``check_writes``) is
+what needs no sample, and names the node and the line.
 """
 
 from __future__ import annotations
@@ -49,6 +66,7 @@ import torch
 from torch import fx, nn
 
 from .traced_graph import build, inline_nodes
+from .traced_segment import Forward, Segment
 from .values import ValueSpec, as_tensors, spec_of
 
 LEAF_FIX = (
@@ -62,17 +80,67 @@ VIEWS = frozenset(
     {"view", "view_as", "reshape", "reshape_as", "transpose", "permute", "t", "narrow", "select", "squeeze"}
     | {"unsqueeze", "expand", "expand_as", "flatten", "unflatten", "unbind", "split", "chunk", "as_strided"}
     | {"diagonal", "detach", "contiguous", "unfold", "movedim", "swapaxes", "swapdims", "getitem", "T", "mT"}
+    | {"tensor_split", "hsplit", "vsplit", "view_as_real", "view_as_complex", "real", "imag", "data"}
+    | {"to", "type", "type_as", "float", "double", "half", "bfloat16", "cpu", "cuda"}  # self, where nothing changes
 )
 """Ops whose result may share the memory of their first argument (so writing into it writes there)."""
+
+AUGMENTED = "partime_augmented"
+"""The key of ``node.meta`` that marks the node of an augmented assignment; its value is the
+operator as written (``"+="``)."""
+
+_AUGMENTED_OPERATORS = {
+    "add": "+=",
+    "sub": "-=",
+    "mul": "*=",
+    "truediv": "/=",
+    "floordiv": "//=",
+    "mod": "%=",
+    "pow": "**=",
+    "matmul": "@=",
+    "lshift": "<<=",
+    "rshift": ">>=",
+    "and_": "&=",
+    "or_": "|=",
+    "xor": "^=",
+}
 
 
 _VARIADIC = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
 
 
 class Tracer(fx.Tracer):
-    """fx's symbolic tracer, recording each node's source line (``node.stack_trace``)."""
+    """fx's symbolic tracer, recording each node's source line (``node.stack_trace``) and which
+    nodes are augmented assignments (``a += b``: ``node.meta[AUGMENTED] == "+="``). fx records
+    these as the operator that makes a new tensor (``a + b``), and so does this tracer: the graph is
+    fx's own; the mark says that Python would have written into ``a``."""
 
     record_stack_traces = True
+
+    def proxy(self, node: fx.Node) -> fx.Proxy:
+        return AugmentedProxy(node, self)
+
+
+class AugmentedProxy(fx.Proxy):
+    """fx's ``Proxy``, whose augmented assignments (``__iadd__`` and the rest) mark their node.
+
+    fx's own has none, so Python falls back to ``__add__``; these record the same node."""
+
+
+def _augmented(name: str, symbol: str) -> Any:
+    op = getattr(operator, name)
+
+    def augmented(self: fx.Proxy, other: Any) -> fx.Proxy:
+        proxy = self.tracer.create_proxy("call_function", op, (self, other), {})
+        proxy.node.meta[AUGMENTED] = symbol
+        return proxy
+
+    augmented.__name__ = f"__i{name.rstrip('_')}__"
+    return augmented
+
+
+for _name, _symbol in _AUGMENTED_OPERATORS.items():
+    setattr(AugmentedProxy, f"__i{_name.rstrip('_')}__", _augmented(_name, _symbol))
 
 
 def layers_of(model: nn.Module) -> nn.Sequential:
@@ -94,7 +162,8 @@ def layers_of(model: nn.Module) -> nn.Sequential:
         )
     graph = model.graph if isinstance(model, fx.GraphModule) else trace(model)
     _check(graph, model)
-    return build(model, graph, where)
+    check_writes(graph, model)
+    return build(model, graph, where, _forward_of(model))
 
 
 def trace(model: nn.Module) -> fx.Graph:
@@ -126,7 +195,7 @@ def where(node: fx.Node) -> str:
     found = ""
     for i, line in enumerate(lines):
         frame = _FRAME.match(line)
-        if frame is None or frame["path"].startswith(torch_dir):  # the model's code, not fx's
+        if frame is None or frame["path"].startswith(torch_dir) or frame["path"] == __file__:  # the model's code
             continue
         after = lines[i + 1] if i + 1 < len(lines) else ""
         code = "" if _FRAME.match(after) else after.strip()
@@ -138,18 +207,106 @@ def where(node: fx.Node) -> str:
 _FRAME = re.compile(r'\s*File "(?P<path>[^"]+)", line (?P<line>\d+), in (?P<function>\S+)')
 
 
-def boundary_specs(layers: nn.Sequential, sample: Any) -> tuple[ValueSpec, ...]:
+def boundary_specs(layers: nn.Sequential, sample: Any, model: nn.Module | None = None) -> tuple[ValueSpec, ...]:
     """What crosses each cut position of ``layers`` (a traced model's) on ``sample``, from one forward
     of a copy without gradients (the model and the random state stay as they were); a segment's
-    TypeError for a value that is not a tensor."""
+    TypeError for a value that is not a tensor, or for a sample that does not fit the traced forward.
+
+    With ``model``, the module whose traced graph ``layers`` are, a copy of it runs on a copy of
+    ``sample`` too, from the same random state, and a TypeError refuses layers whose output differs
+    from its output: to the bit where both are on the CPU (the same ops in the same order, with the
+    same threads), within a thousandth elsewhere (a GPU may choose other kernels from call to call)."""
     as_tensors(sample, "sample")
     specs = []
     value = sample
-    with torch.random.fork_rng(devices=[]), torch.no_grad():
+    first = next(iter(layers._modules.values()), None)
+    if isinstance(first, Segment):
+        first.check_sample(sample)
+    devices = _cuda_devices(sample, layers)
+    with torch.random.fork_rng(devices=devices), torch.no_grad():
         for key, layer in copy.deepcopy(layers)._modules.items():
             value = layer(value)
             specs.append(spec_of(value, f"the values after node {key}"))
+    if model is not None:
+        with torch.random.fork_rng(devices=devices), torch.no_grad():
+            copied = tuple(t.detach().clone() for t in as_tensors(sample, "sample"))
+            expected = copy.deepcopy(model)(*copied)
+        difference = _difference(value, expected)
+        if difference:
+            name = type(model).__name__
+            raise TypeError(
+                f"the traced graph of {name}.forward computes other values than {name}.forward on the sample: "
+                f"{difference}. torch.fx records the tensor ops of a forward once, as it traces it, and what it does "
+                "not record is not in the graph: a Python side effect (a counter or a cache on the module, which the "
+                "graph keeps as the constant it saw), a write in place through a name fx does not follow, a value "
+                "read from outside the model. Make the forward compute the same on every call "
+                f"(torch.fx.symbolic_trace(model).code shows what the graph computes), or {LEAF_FIX}"
+            )
     return tuple(specs[:-1])
+
+
+def _difference(got: Any, expected: Any) -> str:
+    """How ``got`` (the traced layers' output) differs from ``expected`` (the forward's), in words;
+    "" if it does not (see ``boundary_specs``)."""
+    parts, wanted = (got, expected) if type(got) is tuple else ((got,), (expected,))
+    if type(wanted) is not tuple or len(wanted) != len(parts):
+        return f"it returns {_kind(expected)}, and the traced graph {_kind(got)}"
+    for k, (a, b) in enumerate(zip(parts, wanted)):
+        what = "its output" if len(parts) == 1 else f"its output {k}"
+        if not isinstance(b, torch.Tensor):
+            return f"{what} is {_kind(b)}, and in the traced graph a tensor"
+        if a.shape != b.shape or a.dtype != b.dtype:
+            return f"{what} is {tuple(b.shape)} {b.dtype}, and in the traced graph {tuple(a.shape)} {a.dtype}"
+        exact = a.device.type == "cpu" and b.device.type == "cpu"
+        if a.is_floating_point() or a.is_complex():
+            b = b.to(a.device)
+            rtol, atol = (0.0, 0.0) if exact else (1e-3, 1e-3)
+            if not torch.allclose(a, b, rtol=rtol, atol=atol, equal_nan=True):
+                gap = (a - b).abs().nan_to_num(nan=float("inf")).max().item()
+                return f"{what}, a {tuple(a.shape)} {a.dtype} tensor, differs by up to {gap:.3g}"
+        elif not torch.equal(a, b.to(a.device)):
+            differ = int((a != b.to(a.device)).sum())
+            return f"{what}, a {tuple(a.shape)} {a.dtype} tensor, differs in {differ} of its {a.numel()} elements"
+    return ""
+
+
+def _kind(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return "a tensor"
+    if isinstance(value, tuple):
+        return f"a tuple of {len(value)}"
+    return f"a {type(value).__name__}"
+
+
+def _cuda_devices(sample: Any, layers: nn.Module) -> list[int]:
+    """The CUDA devices of ``sample`` and ``layers``, whose random state a check must leave alone."""
+    tensors = [*as_tensors(sample, "sample"), *layers.parameters(), *layers.buffers()]
+    return sorted(
+        {torch.cuda.current_device() if t.device.index is None else t.device.index for t in tensors if t.is_cuda}
+    )
+
+
+def balance_hint(layers: nn.Sequential) -> str:
+    """For a message about a balance that does not fit ``layers``: if they are a traced model's, how
+    many they are and the names of their nodes, numbered in order (the middle ones elided when
+    there are more than ``LISTED``), and where to see them; else ""."""
+    segments = list(layers._modules.values())
+    if not segments or not all(isinstance(s, Segment) for s in segments):
+        return ""
+    names = [f"{k} {s.node}" for k, s in enumerate(segments) if isinstance(s, Segment)]
+    if len(names) > LISTED:
+        names = [*names[: LISTED // 2], "...", *names[-(LISTED // 2) :]]
+    model = segments[0].traced_forward.model if isinstance(segments[0], Segment) else "the model"
+    n = len(segments)
+    return (
+        f"{model}: its {n} layers are the nodes of its traced graph, in order: {', '.join(names)} "
+        "(pipe.partition.nodes names them, and pipe.partition.summary() shows them by stage, for a pipeline "
+        f"made with balance=[{n}])"
+    )
+
+
+LISTED = 24
+"""How many node names ``balance_hint`` lists in full; of more, the first and the last half of it."""
 
 
 # -- the checks ---------------------------------------------------------------------------------
@@ -171,6 +328,104 @@ def _check(graph: fx.Graph, model: nn.Module) -> None:
         if isinstance(first, fx.Node) and first in aliases and _op_name(node) in VIEWS:
             aliases.add(node)
     _check_output(graph, name)
+
+
+def check_writes(graph: fx.Graph, model: nn.Module) -> None:
+    """A TypeError naming the node and its line, and the other name and where it is used, for a
+    write in place into a tensor that another name would see in Python and not in the traced graph
+    or a stage (see the module). An explicit write into an input is ``_check``'s to refuse."""
+    name = type(model).__name__
+    order = {node: i for i, node in enumerate(graph.nodes)}
+    _, python = inline_nodes(graph)
+    regions = _regions(graph, model)
+    sharing: dict[fx.Node, list[fx.Node]] = {}
+    for node in graph.nodes:
+        sharing.setdefault(regions[node][0], []).append(node)
+    for node in graph.nodes:
+        symbol = node.meta.get(AUGMENTED)
+        written = node.args[0] if symbol else _written(node, model)
+        if not isinstance(written, fx.Node) or written in python or (written.op == "placeholder" and not symbol):
+            continue
+        for other in sharing[regions[written][0]]:
+            if order[other] >= order[node]:
+                break
+            if other in python or (other is written and not symbol) or not _overlap(regions[other], regions[written]):
+                continue
+            later = next((u for u in other.users if order[u] > order[node]), None)
+            if later is not None:
+                raise TypeError(_write_missed(node, written, other, later, name))
+
+
+def _regions(graph: fx.Graph, model: nn.Module) -> dict[fx.Node, tuple[fx.Node, tuple[Any, ...]]]:
+    """The memory each node's value may share, as (root, path): the node that made the memory, and
+    the steps from it (a view's node, or an int index: ``x.chunk(3)[1]`` is (x, (chunk, 1))). An
+    explicit in-place op's value is the memory it writes into; an augmented assignment's is new,
+    as the traced graph computes it."""
+    regions: dict[fx.Node, tuple[fx.Node, tuple[Any, ...]]] = {}
+    for node in graph.nodes:
+        first = node.args[0] if node.args else None
+        written = None if node.meta.get(AUGMENTED) else _written(node, model)
+        op = _op_name(node)
+        if isinstance(written, fx.Node) and written in regions:
+            regions[node] = regions[written]
+        elif isinstance(first, fx.Node) and first in regions and op in VIEWS:
+            root, path = regions[first]
+            index = node.args[1] if op == "getitem" and len(node.args) > 1 else None
+            regions[node] = (root, (*path, index if type(index) is int else node))
+        else:
+            regions[node] = (node, ())
+    return regions
+
+
+def _overlap(a: tuple[fx.Node, tuple[Any, ...]], b: tuple[fx.Node, tuple[Any, ...]]) -> bool:
+    """Whether two regions (``_regions``) may share memory: one root, and no step where they take
+    different int indices (two chunks of a tensor, two items of a tuple) before they part."""
+    if a[0] is not b[0]:
+        return False
+    for step_a, step_b in zip(a[1], b[1]):
+        if step_a is step_b:
+            continue
+        return not (type(step_a) is int and type(step_b) is int and step_a != step_b)
+    return True
+
+
+def _write_missed(node: fx.Node, written: fx.Node, other: fx.Node, later: fx.Node, name: str) -> str:
+    at = f" ({where(node)})" if where(node) else ""
+    used = "is returned" if later.op == "output" else f"is used after it by {_named(later)}"
+    symbol = node.meta.get(AUGMENTED)
+    if symbol:
+        shares = "the tensor it changes" if other is written else "which shares the memory it changes"
+        return (
+            f"node {node.name} of {name}.forward{at} is an augmented assignment ({symbol}): Python runs it in place "
+            "on a tensor, so every other name of that memory sees the new value, but torch.fx records it as "
+            f"{_op_name(node)} into a new tensor, and the traced graph would compute other values than "
+            f"{name}.forward: {_named(other)}, {shares}, {used}. Write it out of place (a = a + b for a += b), and "
+            "the other name keeps the value before, as the traced graph has it; or use the new value where the "
+            f"other name is, for the value after; or {LEAF_FIX}"
+        )
+    return (
+        f"node {node.name} of {name}.forward{at} writes in place into {_named(written)}, and {_named(other)}, which "
+        f"shares its memory, {used}: a cut between them gives each stage its own copy of every value that "
+        f"crosses it, and the write would not reach that of node {other.name}. Compute out of place "
+        f"(x = x.add(1) for x.add_(1); ReLU() for ReLU(inplace=True)), or {LEAF_FIX}"
+    )
+
+
+def _named(node: fx.Node) -> str:
+    """ "node add_1 (model.py:9, in forward: return a + keep)", or without the line where fx gives none."""
+    at = where(node)
+    return f"node {node.name} ({at})" if at else f"node {node.name}"
+
+
+def _forward_of(model: nn.Module) -> Forward:
+    """``model``'s forward, for messages about a sample (``traced_segment.Forward``)."""
+    try:
+        parameters = inspect.signature(model.forward).parameters.values()
+    except (TypeError, ValueError):  # a forward Python cannot read the signature of
+        return Forward(type(model).__name__)
+    signature = f"({', '.join(str(p) for p in parameters)})"
+    left = tuple(p.name for p in parameters if p.default is not p.empty and p.kind not in _VARIADIC)
+    return Forward(type(model).__name__, signature, left)
 
 
 def _op_name(node: fx.Node) -> str:
@@ -261,4 +516,14 @@ def _line_of(exc: BaseException) -> str:
     return f" ({os.path.basename(frame.filename)}:{frame.lineno}, in {frame.name}: {(frame.line or '').strip()})"
 
 
-__all__ = ["Tracer", "boundary_specs", "layers_of", "trace", "where"]
+__all__ = [
+    "AUGMENTED",
+    "AugmentedProxy",
+    "Tracer",
+    "balance_hint",
+    "boundary_specs",
+    "check_writes",
+    "layers_of",
+    "trace",
+    "where",
+]

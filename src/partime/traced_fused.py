@@ -27,7 +27,8 @@ from .traced_segment import Segment, _fill
 
 class Fused(nn.Module):
     """The segments ``segments`` (consecutive, of one traced model) as one module: what they compute
-    one after another, without their per-node bookkeeping."""
+    one after another, without their per-node bookkeeping; from the model's first node, it refuses
+    a sample that does not fit the traced forward as the first segment does (``check_sample``)."""
 
     def __init__(self, segments: Sequence[Segment]):
         super().__init__()
@@ -58,11 +59,16 @@ class Fused(nn.Module):
         last = segments[-1]
         graph.output(_fill(last._program.gives, env))
         self.graph_module = fx.GraphModule(held, graph, class_name="FusedStage")
+        self._first: Segment | None
         self._last: Segment
-        object.__setattr__(self, "_last", last)  # for its messages only: not a child of this module
+        # for its checks and messages only: not children of this module
+        object.__setattr__(self, "_first", segments[0] if first.first else None)
+        object.__setattr__(self, "_last", last)
         self.nodes = tuple(segment.node for segment in segments)
 
     def forward(self, value: Any) -> Any:
+        if self._first is not None:  # the model's first nodes: a sample that does not fit is refused by name
+            self._first.check_sample(value)
         out = self.graph_module(value)
         gives = self._last._program.gives
         values = out if type(gives) is tuple or (self._last._program.last and type(out) is tuple) else (out,)

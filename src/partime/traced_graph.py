@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import fx, nn
 
-from .traced_segment import Ref, Segment, Step
+from .traced_segment import Forward, Ref, Segment, Step
 
 SHAPE_METHODS = frozenset(
     {"size", "dim", "ndimension", "numel", "nelement", "element_size", "stride", "storage_offset"}
@@ -128,11 +128,14 @@ def liveness(
     return runs, crossing
 
 
-def build(model: nn.Module, graph: fx.Graph, where: Callable[[fx.Node], str]) -> nn.Sequential:
+def build(
+    model: nn.Module, graph: fx.Graph, where: Callable[[fx.Node], str], forward: Forward | None = None
+) -> nn.Sequential:
     """The segments of ``graph`` (traced from ``model``) as an ``nn.Sequential``: each is given the
     values that cross the cut position before it and gives those that cross the one after it (the
-    last gives the model's output); ``where(node)`` is its source line, for messages. A TypeError
-    if no value would cross a cut (what comes after it does not depend on the input)."""
+    last gives the model's output); ``where(node)`` is its source line and ``forward`` the model's
+    forward, for messages. A TypeError if no value would cross a cut (what comes after it does not
+    depend on the input)."""
     inputs = [n for n in graph.nodes if n.op == "placeholder" and not n.args]
     output = next(n for n in graph.nodes if n.op == "output")
     reads, python = inline_nodes(graph)
@@ -163,6 +166,7 @@ def build(model: nn.Module, graph: fx.Graph, where: Callable[[fx.Node], str]) ->
             first=i == 0,
             last=last,
             where={n.name: text for n in nodes if (text := where(n))},
+            forward=forward,
         )
         held = sorted({str(n.target) for n in nodes if n.op in ("call_module", "get_attr")}, key=lambda t: t.count("."))
         for target in held:  # a module before what is inside it

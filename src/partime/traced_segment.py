@@ -48,6 +48,17 @@ class Step(NamedTuple):
 
 
 @dataclass(frozen=True)
+class Forward:
+    """The traced model's ``forward``, for messages about a sample that does not fit it: the model's
+    class name, the signature (``"(x, mask=None)"``) and the arguments left at their defaults (fx's
+    ``concrete_args``: no inputs of the traced graph)."""
+
+    model: str = "the model"
+    signature: str = ""
+    left: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class Program:
     """What a ``Segment`` runs (see there): kept in one attribute, so that a module of the model may
     have any name but ``_program`` inside a segment."""
@@ -60,6 +71,7 @@ class Program:
     first: bool
     last: bool
     where: Mapping[str, str]
+    forward: Forward
 
 
 class Segment(nn.Module):
@@ -70,7 +82,8 @@ class Segment(nn.Module):
     one value; a tuple of them: a tuple). A value it returns that is not a tensor (where it is not
     ``last``; there, an output that is not a tensor or a flat tuple of tensors) raises a TypeError
     naming the node that computed it and its source line (``where``: node name to source line).
-    An exception raised by a step carries a note naming its node (Python 3.11 and later).
+    An exception raised by a step carries a note naming its node (Python 3.11 and later). The
+    ``first`` segment refuses a sample that does not fit the traced forward (``check_sample``).
     """
 
     def __init__(
@@ -84,9 +97,10 @@ class Segment(nn.Module):
         first: bool = False,
         last: bool = False,
         where: Mapping[str, str] | None = None,
+        forward: Forward | None = None,
     ):
         super().__init__()
-        self._program = Program(node, steps, takes, gives, unpack, first, last, dict(where or {}))
+        self._program = Program(node, steps, takes, gives, unpack, first, last, dict(where or {}), forward or Forward())
 
     @property
     def node(self) -> str:
@@ -97,6 +111,20 @@ class Segment(nn.Module):
     def takes(self) -> tuple[str, ...]:
         """The names of the values this segment is given (those live across the cut before it)."""
         return self._program.takes
+
+    @property
+    def traced_forward(self) -> Forward:
+        """The traced model's ``forward`` (its class name, signature and arguments left at defaults)."""
+        return self._program.forward
+
+    def check_sample(self, sample: Any) -> None:
+        """A TypeError unless ``sample`` fits the traced forward's inputs (this segment's ``takes``, it
+        being the ``first``): one tensor for one input, a tuple of one tensor per input for more. The
+        message names the forward's inputs, what ``sample`` is, and how to give it."""
+        n = len(self.takes)
+        fits = isinstance(sample, Tensor) if n == 1 else isinstance(sample, tuple) and len(sample) == n
+        if not fits:
+            raise TypeError(self._bad_sample(sample))
 
     def _hold(self, name: str, obj: nn.Module | Tensor, *, persistent: bool = True) -> None:
         """Hold ``obj`` (a module, a parameter, or a buffer or other tensor) as ``name`` (a dotted
@@ -123,6 +151,8 @@ class Segment(nn.Module):
 
     def forward(self, value: Any) -> Any:
         program = self._program
+        if program.first:
+            self.check_sample(value)
         if program.unpack:
             if not isinstance(value, tuple) or len(value) != len(program.takes):
                 raise TypeError(self._bad_input(value))
@@ -170,12 +200,26 @@ class Segment(nn.Module):
 
     def _bad_input(self, value: Any) -> str:
         got = f"a tuple of {len(value)}" if isinstance(value, tuple) else _kind(value)
-        if self._program.first:
-            return (
-                f"the traced model's forward takes {len(self.takes)} inputs ({', '.join(self.takes)}): give each "
-                f"sample as a tuple of {len(self.takes)} tensors, got {got}"
-            )
         return f"node {self.node} takes {len(self.takes)} values ({', '.join(self.takes)}), got {got}"
+
+    def _bad_sample(self, sample: Any) -> str:
+        forward, takes = self._program.forward, self.takes
+        n, one = len(takes), len(takes) == 1
+        names = takes[0] if one else f"{', '.join(takes[:-1])} and {takes[-1]}"
+        want = "one tensor" if one else f"a tuple of {n} tensors ({', '.join(takes)}), in this order"
+        message = (
+            f"the traced {forward.model}.forward{forward.signature} takes {n} input{'' if one else 's'}, {names}: "
+            f"give each sample as {want}, got {_kind(sample)}."
+        )
+        if forward.left:
+            left, them = forward.left, "it" if len(forward.left) == 1 else "them"
+            every = ", ".join((*takes, *left))
+            message += (
+                f" {' and '.join(left)} {'is left at its default' if them == 'it' else 'are left at their defaults'} "
+                "(the tracer fixes every argument that has one: it is no input of the traced graph): to stream "
+                f"{them} too, give {them} no default (forward(self, {every})) and each sample as a tuple ({every})"
+            )
+        return message
 
     def _not_a_tensor(self, ref: Ref, value: Any, out: Any) -> str:
         given = value if type(self._program.gives) is tuple else out  # one of several values, or the whole
@@ -194,9 +238,9 @@ class Segment(nn.Module):
 
 
 def _kind(value: Any) -> str:
-    """What ``value`` is, in words: "a tuple of (Tensor, NoneType)", "an int"."""
+    """What ``value`` is, in words: "a tuple of 2 (Tensor, NoneType)", "an int"."""
     if isinstance(value, tuple):
-        return f"a tuple of ({', '.join(type(v).__name__ for v in value)})"
+        return f"a tuple of {len(value)} ({', '.join(type(v).__name__ for v in value)})"
     name = type(value).__name__
     return f"{'an' if name[0] in 'aeiouAEIOU' else 'a'} {name}"
 

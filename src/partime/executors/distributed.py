@@ -112,6 +112,7 @@ class DistributedExecutor(Driver):
             _config_key(config),
             tuple(_state_specs(s) for s in self.stages),
             resumed=state is not None,
+            random_state=None if config.random_state is None else config.random_state.numpy().tobytes(),
         )
         if state is not None:
             for r in range(1, depth):

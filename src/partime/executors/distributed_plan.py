@@ -32,6 +32,7 @@ class _Plan:
     config: dict[str, Any]  # learning, supervised, grad_mode, compensation
     states: tuple[tuple[tuple[str, TensorSpec], ...], ...]  # every stage's state_dict: names and layouts
     resumed: bool = False  # each rank's ``stage_resume`` is in the store, under "resume <rank>"
+    random_state: bytes | None = None  # rank 0's random state when its pipeline was made: every stage's origin
 
 
 def _state_specs(module: nn.Module) -> tuple[tuple[str, TensorSpec], ...]:

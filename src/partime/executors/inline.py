@@ -1,7 +1,9 @@
 """The inline executor: SPEC.md written as plain code, in one thread (internal module).
 
 Every stage runs in the caller's thread, one after another within a tick, with the messages of
-a tick (activations forward, gradients back) delivered at the next tick. It is the reference
+a tick (activations forward, gradients back) delivered at the next tick. While it is open the
+caller's torch thread count is the stages' own (``threads``), as in the workers of the other
+executors; ``close`` gives the caller its own back. It is the reference
 every other executor is tested against, and a way to simulate the learning of a D-stage
 pipeline on one core.
 
@@ -40,6 +42,10 @@ class InlineExecutor(Executor):
     _targets: dict[int, Any]
 
     def start(self, layout: Layout, state: dict[str, Any] | None = None) -> None:
+        # the stages compute at their own thread count, as they would in workers: to the bit alike
+        self._threads_before = torch.get_num_threads()
+        if self.threads is not None:
+            torch.set_num_threads(self.threads)
         self._stages = []
         for i, (module, device) in enumerate(zip(self.stages, self.devices)):
             try:
@@ -124,6 +130,7 @@ class InlineExecutor(Executor):
 
     def close(self) -> None:
         self._stages = []
+        torch.set_num_threads(self._threads_before)
 
     def _run_tick(self, num_samples: int | None) -> None:
         """One tick: every stage's two halves (``tick``), in order; what they send lands next tick."""

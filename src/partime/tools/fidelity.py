@@ -183,6 +183,7 @@ def run(config: Config, frames: int) -> dict[str, Any]:
         model,
         balance,
         executor="inline",
+        threads=1,
         loss_fn=loss_fn,
         optimizer=optimizer,
         grad_mode=config.grad_mode,

@@ -136,6 +136,7 @@ def run(config: LiveConfig, frames: int, held_out: int = HELD_OUT) -> dict[str, 
         model,
         list(config.balance),
         executor="inline",
+        threads=1,
         loss_fn=next_frame_error if camera else nn.CrossEntropyLoss(),
         optimizer=optimizer_factory(config.optimizer, config.lr),
     ) as pipe:
