@@ -55,9 +55,7 @@ SPEC_DIFFERENCES = {
     "Learning: loss and backward": "graph-stash, a fourth grad mode, is the default: one forward per sample "
     "(README, Learning with delay)",
 }
-SPEC_PENDING = {
-    "Random and stateful layers": "a re-run forward draws the sample's own random numbers; seeded stage streams",
-}
+SPEC_PENDING: dict[str, str] = {}
 
 
 def sections(text):

@@ -92,7 +92,16 @@ class Stage:
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
         self._names = [n for n, _ in named]
         self._params = [p for _, p in named]
-        self._learning = make_learning(index, config, named)  # its optimizer and compensation
+        # A loss with parameters is part of the last stage: they learn there, with its optimizer.
+        loss_fn = config.loss_fn
+        self._loss_module = loss_fn if index == config.depth - 1 and isinstance(loss_fn, nn.Module) else None
+        loss_named = (
+            [(f"loss_fn.{n}", p) for n, p in self._loss_module.named_parameters() if p.requires_grad]
+            if self._loss_module is not None and config.learning
+            else []
+        )
+        self._loss_params = [p for _, p in loss_named]
+        self._learning = make_learning(index, config, named, loss_named)  # its optimizer and compensation
         self.optimizer = self._learning.optimizer
         # graph-stash: a delayed stage's forwards keep their graphs across its steps (the last
         # stage's graph serves in the tick it is made, and predicted weights are copies anyway)
@@ -203,6 +212,9 @@ class Stage:
         """
         return {
             "module": copy_tensors(self.module.state_dict()),
+            "loss_fn": None
+            if self._loss_module is None or not self._loss_params
+            else copy_tensors(self._loss_module.state_dict()),
             "optimizer": None if self.optimizer is None else copy_tensors(self.optimizer.state_dict()),
             "optimizer_class": type(self.optimizer).__name__,
             "newest": None if self._newest is None else record_state(self._newest),
@@ -227,6 +239,9 @@ class Stage:
                 f"this stage's is {type(self.optimizer).__name__}"
             )
         self.module.load_state_dict(state["module"])
+        if self._loss_params and state.get("loss_fn") is not None:
+            assert self._loss_module is not None  # a stage with loss parameters has a loss module
+            self._loss_module.load_state_dict(state["loss_fn"])
         if self.optimizer is not None and state["optimizer"] is not None:
             self.optimizer.load_state_dict(state["optimizer"])
         load_compensation_state(self._learning, state)
@@ -309,7 +324,8 @@ class Stage:
         """Back-propagate ``sample``'s ``grads`` through ``record`` (None: ``outputs`` is the loss),
         step, return the gradient w.r.t. the input."""
         weights = record.weights or self._params
-        wanted = list(weights) + [t for t in record.inputs if t.requires_grad]
+        learnt = list(weights) + (self._loss_params if grads is None else [])  # the loss's, with the loss
+        wanted = learnt + [t for t in record.inputs if t.requires_grad]
         live = [k for k, o in enumerate(outputs) if o.requires_grad]
         found: tuple[Tensor | None, ...] = (None,) * len(wanted)
         self.phase = "backward"
@@ -330,11 +346,11 @@ class Stage:
         if self.optimizer is not None:
             self.phase = "step"
             anchor = self._anchors.pop(sample) if self._learning.corrector is not None else None
-            step(self._learning, self._params, found[: len(weights)], anchor)
+            step(self._learning, self._params + self._loss_params, found[: len(learnt)], anchor)
             self._drop_stale_graphs()
         if self.index == 0:
             return None
-        from_autograd = iter(found[len(weights) :])
+        from_autograd = iter(found[len(learnt) :])
         input_grads = []
         for t in record.inputs:
             g = next(from_autograd) if t.requires_grad else None

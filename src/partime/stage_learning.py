@@ -49,12 +49,20 @@ class Learning(NamedTuple):
     spike: SpikeCompensation | None = None
 
 
-def make_learning(index: int, config: StageConfig, named: list[tuple[str, nn.Parameter]]) -> Learning:
-    """How stage ``index`` learns, given its trainable ``named`` parameters (see the module)."""
-    if config.optimizer is None or not named:  # config.learning, in a form mypy narrows
+def make_learning(
+    index: int,
+    config: StageConfig,
+    named: list[tuple[str, nn.Parameter]],
+    extra: Sequence[tuple[str, nn.Parameter]] = (),
+) -> Learning:
+    """How stage ``index`` learns, given its trainable ``named`` parameters (see the module);
+    ``extra`` parameters (the loss's, at the last stage) are handed to the optimizer factory with
+    them, after them, and step plainly: no compensation reads or changes them."""
+    if config.optimizer is None or not (named or extra):  # config.learning, in a form mypy narrows
         return Learning()
     params = [p for _, p in named]
-    optimizer = _make_optimizer(index, config.optimizer, [n for n, _ in named], params)
+    every = list(named) + list(extra)
+    optimizer = _make_optimizer(index, config.optimizer, [n for n, _ in every], [p for _, p in every])
     tau = delay(index, config.depth)
     chosen = chosen_compensation(config.compensation, optimizer)
     step_size: StepSizeScale | None = None
