@@ -171,8 +171,8 @@ def own_tick(name: str, partition: Partition, stage: int) -> Contender:
     what that stage does at each tick of the pipeline in a steady stream: partime's own ``Stage``
     with the pipeline's defaults, a forward per input and, when learning, the product of the
     gradient of the sample ``2 (D - 1 - stage)`` ticks older (a fixed output gradient; at the last
-    stage, the loss of the sample just run) and the step of the setting's optimizer, with the
-    stashed input's forward run again and the delay's compensation, as in the pipeline."""
+    stage, the loss of the sample just run) and the step of the setting's optimizer, with what
+    the default grad mode keeps for the product and the delay's compensation, as in the pipeline."""
     start, stop = partition.bounds[stage]
     last, delay = stage == partition.depth - 1, 2 * (partition.depth - 1 - stage)
 

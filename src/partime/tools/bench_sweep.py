@@ -16,8 +16,8 @@ pipelines chose has two figures, each stage of the cut timed alone in the same r
 
 - its *bound*: the slowest of the model's own pieces of the cut, run with plain torch, one forward
   per sample (``bench_bound``);
-- *partime's own tick*: the slowest stage as partime's own ``Stage`` runs it, its grad mode's
-  second forward and the compensation included (``bench_contenders.own_tick``).
+- *partime's own tick*: the slowest stage as partime's own ``Stage`` runs it, what its grad mode
+  keeps for the product and the compensation included (``bench_contenders.own_tick``).
 
 It returns rows (dicts); printing and plotting are the CLI's job.
 """

@@ -121,8 +121,8 @@ def print_sweep(console: Console, rows: list[dict], json_path: Path | None) -> N
         "bound: the slowest of the model's own pieces of the pipeline's cut, each timed alone with plain torch and "
         "one thread (inference: a forward under inference_mode; learning: one forward, the backward and the "
         "optimizer's step, the loss in the last piece); own tick: the slowest stage of that cut alone as partime's "
-        "own Stage runs it (learning with the defaults: a stash stage before the last also runs its forward again "
-        "for the backward, and compensates its delay); stage ms: the first pipeline's bound; ÷ bound, ÷ own tick: "
+        "own Stage runs it (learning with the defaults: a stage before the last keeps its forward's graph for the "
+        "backward and compensates its delay); stage ms: the first pipeline's bound; ÷ bound, ÷ own tick: "
         "ms/sample over them; latency: from the moment the stream pulls a sample to the moment its result comes "
         "out, over the timed samples of every round"
     )
