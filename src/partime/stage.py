@@ -131,7 +131,10 @@ class Stage:
         tensors = as_tensors(value, f"input of stage {self.index}")
         record = Forward(sample, tuple(self._leaf(t) for t in tensors), not isinstance(value, Tensor))
         if self.index < self.config.depth - 1:  # a delayed stage may run this forward again
-            record.random = self._random.state if self._random is not None else torch.get_rng_state()
+            if self._random is None:
+                record.random = torch.get_rng_state()
+            elif self._random.draws is not False:  # a stage that draws nothing needs no state to draw again
+                record.random = self._random.state
         now: list[Tensor] = []  # a copy of the weights now, if the grad mode keeps one
         if self._learning.predictor is not None:
             record.weights = self._learning.predictor.predict()
