@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import multiprocessing
 from collections.abc import Callable, Collection, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict
@@ -313,7 +314,9 @@ def run_all(
             if progress:
                 progress(rows[-1])
         return rows
-    with ProcessPoolExecutor(jobs) as pool:
+    # spawned, not forked: a fork taken after this process has run torch, or while the progress
+    # bar's thread holds a lock, can leave a worker waiting for ever
+    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
         for row in pool.map(run, cfgs, itertools.repeat(frames)):
             rows.append(row)
             if progress:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import inspect
 import itertools
+import multiprocessing
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import nullcontext
@@ -280,7 +281,9 @@ def run_all(
 ) -> list[dict[str, Any]]:
     """Every run, ``jobs`` at a time in worker processes; rows in the order of ``cfgs``."""
     rows: list[dict[str, Any]] = []
-    with ProcessPoolExecutor(jobs) if jobs > 1 else nullcontext() as pool:
+    # spawned, not forked, as fidelity.run_all's
+    spawned = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(jobs, mp_context=spawned) if jobs > 1 else nullcontext() as pool:
         more = (frames for _ in cfgs), (held_out for _ in cfgs)
         for row in pool.map(run, cfgs, *more) if pool else map(run, cfgs, *more):
             rows.append(row)
