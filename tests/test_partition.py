@@ -10,7 +10,6 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from partime.delay_cut import DELAY_SLACK, delay_aware_split
 from partime.partition import (
     Partition,
     best_split,
@@ -19,6 +18,7 @@ from partime.partition import (
     profile_layers,
     split,
 )
+from partime.steady_cut import CUT_NOISE, DELAY_SLACK
 
 # --- best_split ---------------------------------------------------------------------------
 
@@ -342,14 +342,18 @@ def _one_heavy_child() -> nn.Sequential:
 
 
 @pytest.mark.usefixtures("one_thread")
-def test_plan_for_inference_isolates_the_expensive_child() -> None:
+def test_plan_for_inference_takes_the_steady_cut_among_the_fastest() -> None:
+    # The heavy child sets the pace wherever the tiny ones go: every cut that gives it a stage of
+    # its own or with tiny neighbours is as fast, within noise, and the most even by layer count
+    # of those, (2, 2, 2), is the one taken, in every run.
     torch.manual_seed(0)
     model = _one_heavy_child()
     p = plan(model, 3, torch.randn(256, 16), learning=False)
     assert p.depth == 3 and sum(p.balance) == len(model)
     assert p.layer_times is not None and len(p.layer_times) == len(model)
-    assert p.bounds[1] == (2, 3), str(p)  # the heavy child alone in the middle stage
-    assert p.balance == best_split(p.layer_times, 3)
+    assert p.balance == (2, 2, 2), str(p)
+    fastest = Partition(best_split(p.layer_times, 3, hop_times=p.hop_times, overhead=p.overhead), p.layer_times)
+    assert max(Partition(p.balance, p.layer_times).stage_times) <= (1 + CUT_NOISE) * max(fastest.stage_times)
     assert all(q.grad is None for q in model.parameters())
 
 
@@ -362,8 +366,6 @@ def test_plan_for_learning_gives_the_expensive_child_to_the_last_stage() -> None
     p = plan(model, 3, torch.randn(256, 16), learning=True)
     assert p.layer_times is not None
     assert p.balance == (1, 1, 4), str(p)
-    params = [sum(q.numel() for q in child.parameters()) for child in model]
-    assert p.balance == delay_aware_split(p.layer_times, params, 3)
     assert max(p.stage_times) <= (1 + DELAY_SLACK) * max(
         Partition(best_split(p.layer_times, 3), p.layer_times).stage_times
     )
@@ -385,3 +387,14 @@ def test_plan_with_a_depth_needs_a_sample() -> None:
 def test_plan_with_one_stage() -> None:
     p = plan(_five(), 1, torch.randn(1, 2))
     assert p.balance == (5,) and p.stage_times is not None and p.stage_times[0] > 0
+
+
+@pytest.mark.usefixtures("one_thread")
+@pytest.mark.parametrize("learning", [False, True])
+def test_plan_cuts_alike_layers_the_same_way_every_time(learning: bool) -> None:
+    # Eighty layers of alike times and weights: the fastest cut moves with the timing noise from
+    # one profile to the next, the planned one does not.
+    torch.manual_seed(0)
+    model = nn.Sequential(*(layer for _ in range(40) for layer in (nn.Linear(64, 64), nn.ReLU())))
+    cuts = {plan(model, 2, torch.randn(32, 64), learning=learning).balance for _ in range(4)}
+    assert cuts == {(40, 40)}

@@ -11,7 +11,6 @@ from torch import nn
 
 import partime
 from partime import partition
-from partime.delay_cut import delay_aware_split
 from partime.partition import best_split, check_balance, plan, split
 from partime.ties import Tie, tied_cuts
 
@@ -39,11 +38,6 @@ def _all_balances(n: int, depth: int, forbidden: set[int]) -> list[tuple[int, ..
 def _sums(values: list[float], balance: tuple[int, ...]) -> list[float]:
     edges = list(itertools.accumulate(balance, initial=0))
     return [sum(values[a:b]) for a, b in itertools.pairwise(edges)]
-
-
-def _delay_cost(params: list[int], balance: tuple[int, ...]) -> float:
-    depth = len(balance)
-    return sum(2 * (depth - 1 - i) * w for i, w in enumerate(_sums([float(p) for p in params], balance)))
 
 
 # --- tied_cuts ----------------------------------------------------------------------------
@@ -152,7 +146,7 @@ def test_pipeline_refuses_a_tied_list_balance_at_construction() -> None:
     assert torch.equal(result.output, model(x))
 
 
-# --- best_split and delay_aware_split with forbidden cuts -----------------------------------
+# --- best_split with forbidden cuts (steady_split's: test_steady_cut.py) -----------------------------------
 
 
 def test_best_split_with_forbidden_cuts_matches_brute_force() -> None:
@@ -190,25 +184,6 @@ def test_best_split_rejects_bad_forbidden_cuts() -> None:
     ):
         best_split([1.0, 1.0, 1.0], 2, forbidden=[1, 2])
     assert best_split([1.0, 1.0, 1.0], 1, forbidden=[1, 2]) == (3,)
-
-
-@pytest.mark.parametrize("slack", [0.0, 0.1, 0.5])
-def test_delay_aware_split_with_forbidden_cuts_matches_brute_force(slack: float) -> None:
-    rng = random.Random(11)
-    for _ in range(200):
-        n = rng.randint(2, 8)
-        depth = rng.randint(1, n)
-        times = [float(rng.randint(0, 6)) for _ in range(n)]
-        params = [rng.choice([0, 0, 10, 500]) for _ in range(n)]
-        forbidden = {k for k in range(1, n) if rng.random() < 0.3}
-        balances = _all_balances(n, depth, forbidden)
-        if not balances:
-            continue
-        bound = min(max(_sums(times, b)) for b in balances) * (1 + slack)
-        delayed = [b for b in balances if max(_sums(times, b)) <= bound]
-        expected = min(delayed, key=lambda b: (_delay_cost(params, b), sorted(_sums(times, b), reverse=True), b))
-        got = delay_aware_split(times, params, depth, slack=slack, forbidden=forbidden)
-        assert got == expected, (times, params, depth, forbidden)
 
 
 # --- plan and Pipeline: a number of stages ---------------------------------------------------

@@ -59,8 +59,10 @@ class Pipeline(Checkpointing):
 
     ``balance`` is a list of layers per stage, or a number of stages D: then each layer is timed on
     ``sample`` (or the first streamed sample), with what each boundary between stages costs per
-    tick (``partime.hops``), and the model is cut where the slowest stage, hops included, is
-    fastest. ``balance="auto"`` chooses the number of stages too, when the pipeline is made, so it
+    tick (``partime.hops``), and the model is cut as ``partime.steady_cut`` says: among the cuts
+    whose slowest stage, hops included, is about as fast as the fastest's, by rules that timing
+    noise does not change (so one script cuts one model alike in every run on one machine) and,
+    when learning, with the fewest weights delayed. ``balance="auto"`` chooses the number of stages too, when the pipeline is made, so it
     needs ``sample``: from 1 up to the cores this process may use (and the layers), the depth and
     cut whose slowest stage is predicted fastest, each depth timed with the threads its stages
     would get; one stage (the model as it is, with the reason logged at INFO) unless a pipeline is

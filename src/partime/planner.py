@@ -21,8 +21,8 @@ from torch import nn
 
 from . import hops
 from .balance import AUTO, _is_int
-from .delay_cut import DELAY_SLACK, delay_aware_split
 from .partition import Partition, _time_unit, best_split
+from .steady_cut import steady_split
 from .ties import tied_cuts
 
 log = logging.getLogger(__name__)
@@ -118,19 +118,20 @@ def timed_cut(
     overhead: float,
     forbidden: Collection[int] = (),
     layer_params: Sequence[int] | None = None,
+    boundary_bytes: Sequence[int] | None = None,
 ) -> tuple[int, ...]:
-    """The cut into ``depth`` stages whose slowest stage, hops included, is fastest (``best_split``);
-    with ``layer_params`` (a pipeline that learns), ``delay_aware_split``'s cut instead, if its
-    slowest stage, hops included, is within ``DELAY_SLACK`` of that."""
-    fastest = best_split(layer_times, depth, forbidden=forbidden, hop_times=hop_times, overhead=overhead)
-    if layer_params is None:
-        return fastest
-    aware = delay_aware_split(layer_times, layer_params, depth, forbidden=forbidden)
-
-    def predicted(cut: tuple[int, ...]) -> float:
-        return _predicted(Partition(cut, tuple(layer_times), None if hop_times is None else tuple(hop_times), overhead))
-
-    return aware if predicted(aware) <= (1 + DELAY_SLACK) * predicted(fastest) else fastest
+    """The cut into ``depth`` stages that ``steady_split`` takes: among the cuts about as fast as
+    the fastest, hops included, the one that measurement noise does not move; with
+    ``layer_params`` (a pipeline that learns), the one that delays the fewest weights first."""
+    return steady_split(
+        layer_times,
+        depth,
+        layer_params=layer_params,
+        boundary_bytes=boundary_bytes,
+        hop_times=hop_times,
+        overhead=overhead,
+        forbidden=forbidden,
+    )
 
 
 def plan_timed(
@@ -147,8 +148,8 @@ def plan_timed(
 
     D stages: the ``timed_cut``, the layers timed once with the current torch threads. ``"auto"``:
     ``choose_depth`` up to ``usable_cores()`` (and the layers and tied cuts), each depth's layers
-    timed with ``threads(depth)`` threads (once per distinct count; default: the current one); when
-    ``learning`` its cut is then the ``timed_cut`` for that depth. The tick's work is
+    timed with ``threads(depth)`` threads (once per distinct count; default: the current one); its
+    cut is then the ``timed_cut`` for that depth. The tick's work is
     ``hops.TICK_OVERHEAD_S``, read now.
     """
     n, overhead = len(model), hops.TICK_OVERHEAD_S
@@ -158,7 +159,15 @@ def plan_timed(
     if balance != AUTO:
         depth = int(balance)
         times = profile(on_output=meter)
-        cut = timed_cut(times, meter.hop_times, depth, overhead=overhead, forbidden=forbidden, layer_params=params)
+        cut = timed_cut(
+            times,
+            meter.hop_times,
+            depth,
+            overhead=overhead,
+            forbidden=forbidden,
+            layer_params=params,
+            boundary_bytes=meter.nbytes,
+        )
         partition = Partition(cut, times, meter.hop_times, overhead)
     else:
         top = max(1, min(usable_cores(), n - len(forbidden)))
@@ -170,10 +179,16 @@ def plan_timed(
                     by_count[count] = profile(on_output=None if by_count else meter)
         profiles = {d: by_count[count] for d, count in counts.items()}
         partition = choose_depth(profiles, meter.hop_times, max_depth=top, forbidden=forbidden, overhead=overhead)
-        if params is not None and partition.depth > 1:
+        if partition.depth > 1:
             times = profiles[partition.depth]
             cut = timed_cut(
-                times, meter.hop_times, partition.depth, overhead=overhead, forbidden=forbidden, layer_params=params
+                times,
+                meter.hop_times,
+                partition.depth,
+                overhead=overhead,
+                forbidden=forbidden,
+                layer_params=params,
+                boundary_bytes=meter.nbytes,
             )
             partition = Partition(cut, times, meter.hop_times, overhead, partition.sequential_time)
     log.debug("boundary bytes per tick: %s", meter.nbytes)

@@ -8,7 +8,7 @@ and over its last quarter alone: the first says what the delay costs in all, the
 still costs once most has been learnt.
 
 The cut at each depth is, by default, the one a ``Pipeline`` given ``balance=D`` chooses when it
-learns (``delay_cut``: as fast as the fastest cut within 10%, with the fewest weights delayed),
+learns (``steady_cut``: as fast as the fastest cut within 10%, with the fewest weights delayed),
 planned once per model and depth so that every run at that depth uses the same cut; ``cut="even"``
 gives each stage the same number of layers instead, to show what the choice of cut is worth.
 
