@@ -243,8 +243,9 @@ def test_each_configuration_is_chosen_its_own_best_step_size():
 
 
 def test_own_steps_are_tuned_on_the_tuning_seed_and_reported_on_the_others():
-    assert fid.own_grid("sgd") == (0.01, *fid.LR_GRID["sgd"])
+    assert fid.own_grid("sgd") == (0.01, *fid.LR_GRID["sgd"], 10.0)
     assert all(fid.own_grid(opt)[0] < fid.LR_GRID[opt][0] for opt in fid.OPTIMIZERS)
+    assert all(fid.own_grid(opt)[-1] > fid.LR_GRID[opt][-1] for opt in fid.OPTIMIZERS)
     tuning = fid.own_step_tuning(["digits", "camera"], [2], ["sgd", "adam"], "even", {"default", "stash"})
     assert {c.seed for c in tuning} == {fid.TUNING_SEED}
     keys = dict.fromkeys(fidelity_tuning.own_key(c) for c in tuning)
@@ -296,7 +297,7 @@ def test_a_tiny_own_step_run_writes_the_own_step_table(tmp_path, monkeypatch):
     data = json.loads((tmp_path / "fidelity.json").read_text())
     default = fid.default_label(2, "sgd")
     assert {(r["label"], r["lr"]) for r in data["tuning"]} == {
-        (label, lr) for label in ("sequential", default) for lr in (0.01, 0.1, 0.3)
+        (label, lr) for label in ("sequential", default) for lr in (0.01, 0.1, 0.3, 10.0)
     }
     assert {r["seed"] for r in data["tuning"]} == {fid.TUNING_SEED}
     steps = fid.own_best_steps(data["tuning"])

@@ -76,7 +76,7 @@ def _names(value: str, choices: tuple[str, ...], option: str) -> tuple[str, ...]
     "--own-step",
     is_flag=True,
     help="Each configuration, and sequential, learns at its own best step size of its optimizer's grid "
-    "(one step smaller added), chosen on seed 0; the gaps are to sequential at its own best step.",
+    "(one step smaller and one larger added), chosen on seed 0; the gaps are to sequential at its own best step.",
 )
 @click.option(
     "--jobs",

@@ -76,6 +76,7 @@ from .fidelity_report import (
     write,
 )
 from .fidelity_tuning import (
+    LARGER_STEP,
     LR_GRID,
     SMALLER_STEP,
     TUNING_SEED,
@@ -101,6 +102,7 @@ __all__ = [
     "DIGITS_LR",
     "GRAD_MODES",
     "HOLD",
+    "LARGER_STEP",
     "LR_GRID",
     "MODE_COLOURS",
     "OPTIMIZERS",

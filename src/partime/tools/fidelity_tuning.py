@@ -8,8 +8,9 @@ a run's ``score`` (the highest accuracy, the lowest loss on the camera; a diverg
   optimizer) that every configuration then learns with, a pipeline held to a well-tuned baseline.
 - Each at its own step (the user's view: whoever runs a pipeline tunes its step size for it):
   ``at_every_own_step`` runs each configuration, sequential included, at every step size of
-  ``own_grid``, which is ``LR_GRID`` with one step more on the small side (``SMALLER_STEP``: the
-  largest stable step shrinks with the delay); ``own_best_steps`` chooses each configuration's;
+  ``own_grid``, which is ``LR_GRID`` with one step more on each side (``SMALLER_STEP``: the
+  largest stable step shrinks with the delay; ``LARGER_STEP``: a configuration's best step
+  should not be the grid's edge); ``own_best_steps`` chooses each configuration's;
   ``at_own_steps`` runs each at it on ``reported_seeds``, which never hold the tuning seed.
 
 Pure data: nothing here trains or times.
@@ -33,6 +34,8 @@ LR_GRID = {
 """The step sizes tried for sequential learning; each stream and optimizer learns with its best."""
 SMALLER_STEP = {"sgd": 0.01, "momentum": 0.001, "adam": 1e-4}
 """The step below each optimizer's ``LR_GRID`` that ``own_grid`` tries as well."""
+LARGER_STEP = {"sgd": 10.0, "momentum": 1.0, "adam": 3e-2}
+"""The step above each optimizer's ``LR_GRID`` that ``own_grid`` tries as well."""
 TUNING_SEED = 0
 """The seed whose runs choose the step size; never a seed that is reported."""
 
@@ -72,8 +75,8 @@ def best_step_sizes(rows: Sequence[dict[str, Any]]) -> StepSizes:
 
 
 def own_grid(optimizer: str) -> tuple[float, ...]:
-    """The step sizes each configuration tries with ``optimizer``: ``LR_GRID``'s, and one smaller."""
-    return (SMALLER_STEP[optimizer], *LR_GRID[optimizer])
+    """The step sizes each configuration tries with ``optimizer``: ``LR_GRID``'s, one smaller and one larger."""
+    return (SMALLER_STEP[optimizer], *LR_GRID[optimizer], LARGER_STEP[optimizer])
 
 
 def own_key(config: Config | dict[str, Any]) -> tuple[str, str, str]:
