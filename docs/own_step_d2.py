@@ -11,7 +11,7 @@ import json
 import math
 from concurrent.futures import ProcessPoolExecutor
 
-from partime.tools.fidelity_configs import Config
+from partime.tools.fidelity.configs import Config
 
 GRID = {
     "sgd": (0.01, 0.03, 0.1, 0.3, 1.0, 3.0),
@@ -33,7 +33,7 @@ def score(r):
 
 
 def run(cfg):
-    from partime.tools import fidelity as fid
+    from partime.tools.fidelity import runs as fid
 
     row = fid.run(cfg, 3000)
     row.pop("history", None)

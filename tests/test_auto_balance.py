@@ -1,4 +1,4 @@
-"""Tests of the planner with hop costs (partime.planner, partime.hops) and of ``balance="auto"``.
+"""Tests of the planner with hop costs (partime.planning.planner, partime.planning.hop_cost) and of ``balance="auto"``.
 
 The choices are tested on synthetic profiles with known answers and against brute force over
 every cut; the pipeline tests fix the profile (``partition.profile_layers``) where they need a
@@ -17,10 +17,11 @@ import torch
 from torch import nn
 
 import partime
-from partime import auto_check, hops, partition, planner
-from partime.hops import HopMeter, stage_hop
-from partime.partition import Partition, best_split, plan, profile_layers
-from partime.planner import AUTO_MARGIN, choose_depth
+from partime.planning import auto_check, partition, planner
+from partime.planning import hop_cost as hops
+from partime.planning.hop_cost import HopMeter, stage_hop
+from partime.planning.partition import Partition, best_split, plan, profile_layers
+from partime.planning.planner import AUTO_MARGIN, choose_depth
 
 
 def _balances(n: int, depth: int, forbidden: set[int]) -> list[tuple[int, ...]]:
@@ -141,7 +142,7 @@ def test_best_split_with_hops_is_the_exact_optimum() -> None:
 def test_choose_depth_takes_two_stages_where_more_would_cut_expensive_boundaries(caplog) -> None:
     # Cuts at positions 1 and 3 cost each side 2.5 s; position 2 costs 0.1 s. D = 2: 4.1 | 4.1.
     # D = 3 or 4 must cut at 1 or 3: its slowest stage takes 4.5 s or more. Sequential: 8 s.
-    caplog.set_level(logging.INFO, logger="partime.planner")
+    caplog.set_level(logging.INFO, logger="partime.planning.planner")
     p = choose_depth([2.0, 2.0, 2.0, 2.0], [2.5, 0.1, 2.5], overhead=0.0)
     assert p.balance == (2, 2)
     assert p.predicted_time == pytest.approx(4.1) and p.sequential_time == 8.0
@@ -157,7 +158,7 @@ def test_choose_depth_takes_three_stages_when_they_are_fastest() -> None:
 
 
 def test_choose_depth_stays_sequential_when_hops_cost_more_than_they_save(caplog) -> None:
-    caplog.set_level(logging.INFO, logger="partime.planner")
+    caplog.set_level(logging.INFO, logger="partime.planning.planner")
     p = choose_depth([1.0, 1.0], [5.0], overhead=0.0)
     assert p.balance == (2,) and p.predicted_time == 2.0 == p.sequential_time
     assert caplog.records[-1].levelno == logging.INFO
@@ -189,7 +190,7 @@ def test_choose_depth_compares_with_the_threads_each_depth_gets() -> None:
 
 
 def test_choose_depth_with_no_pipeline_possible_says_why(caplog) -> None:
-    caplog.set_level(logging.INFO, logger="partime.planner")
+    caplog.set_level(logging.INFO, logger="partime.planning.planner")
     assert choose_depth([1.0, 1.0, 1.0], [0.0, 0.0], overhead=0.0, max_depth=1).depth == 1
     assert "1 stage, no pipeline can be made (max_depth: 1, layers: 3, tied cut positions: 0)" in caplog.text
     # two tied cut positions of three leave two stages at most
@@ -368,7 +369,7 @@ def test_auto_keeps_a_pipeline_only_if_its_stages_own_ticks_are_faster(monkeypat
     )
     model = nn.Sequential(*_model()[:4])
     xs = [torch.randn(4) for _ in range(5)]
-    with caplog.at_level(logging.INFO, logger="partime.pipeline"):
+    with caplog.at_level(logging.INFO, logger="partime.pipeline.pipeline"):
         pipe = partime.Pipeline(model, "auto", sample=xs[0], executor="inline", loss_fn=nn.MSELoss(), optimizer=_sgd)
     assert pipe.depth == 1 and pipe.partition is not None and pipe.partition.balance == (4,)
     assert "1 stage, no pipeline is measured at least 10% faster" in caplog.text
@@ -390,7 +391,7 @@ class _Counting(nn.Module):
 def test_a_stages_measured_tick_is_its_work_in_the_pipeline() -> None:
     # stage 0 of 2, learning in stash mode: a forward per tick and, from its delay of 2 ticks on, the
     # product of a late gradient, which runs that sample's forward again, and a step
-    config = partime.stage.StageConfig(2, nn.MSELoss(), _sgd, "stash")
+    config = partime.core.stage.StageConfig(2, nn.MSELoss(), _sgd, "stash")
     counting = _Counting()
     before = counting.linear.weight.detach().clone()
     auto_check._tick_seconds(0, counting, config, torch.randn(1, 4))

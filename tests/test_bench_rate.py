@@ -10,10 +10,10 @@ import pytest
 from click.testing import CliRunner
 
 from partime.sources import FakeClock
-from partime.tools import bench_rate
-from partime.tools.bench_rate import FRACTIONS, point, timed
-from partime.tools.bench_rate_contenders import Live, LiveContender, Run, plain_loop
-from partime.tools.bench_rate_search import RANGE, Search, sustained_rates
+from partime.tools.bench import rate as bench_rate
+from partime.tools.bench.rate import FRACTIONS, point, timed
+from partime.tools.bench.rate_contenders import Live, LiveContender, Run, plain_loop
+from partime.tools.bench.rate_search import RANGE, Search, sustained_rates
 from partime.tools.cli import main
 
 WARMUP, SAMPLES = 20, 100

@@ -13,17 +13,17 @@ import torch.multiprocessing as mp
 from click.testing import CliRunner
 from torch import nn
 
-from partime.partition import Partition
-from partime.tools import bench_latency
-from partime.tools.bench import CLASSES, OPTIMIZERS, conv3_net, frames
-from partime.tools.bench_bound import piece_alone, pieces, run_pieces
-from partime.tools.bench_contenders import Setting
-from partime.tools.bench_latency import Offered, latencies, percentile
-from partime.tools.bench_models import resnet
-from partime.tools.bench_peers import ReplicaError, Replicas
-from partime.tools.bench_sweep import groups, round_order, sweep_steps
+from partime.planning.partition import Partition
+from partime.tools.bench import latency as bench_latency
+from partime.tools.bench.bound import piece_alone, pieces, run_pieces
+from partime.tools.bench.contenders import Setting
+from partime.tools.bench.latency import Offered, latencies, percentile
+from partime.tools.bench.models import resnet
+from partime.tools.bench.peers import ReplicaError, Replicas
+from partime.tools.bench.runner import CLASSES, OPTIMIZERS, conv3_net, frames
+from partime.tools.bench.sweep import groups, round_order, sweep_steps
 from partime.tools.cli import main
-from partime.traced import layers_of
+from partime.traced.tracing import layers_of
 
 
 def finite_positive(x):

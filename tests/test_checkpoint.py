@@ -13,7 +13,8 @@ from models import classification_stream, mlp
 from torch import nn
 
 import partime
-from partime import CheckpointError, checkpoint
+from partime import CheckpointError
+from partime.checkpoint import files as checkpoint
 from partime.executors import executor_class
 from partime.executors.inline import InlineExecutor
 

@@ -12,7 +12,8 @@ import torch
 from torch import nn
 
 import partime
-from partime import CheckpointError, checkpoint
+from partime import CheckpointError
+from partime.checkpoint import files as checkpoint
 
 gen = torch.Generator().manual_seed(0)
 XS, YS = torch.randn(12, 4, generator=gen), torch.randn(12, 2, generator=gen)

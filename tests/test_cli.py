@@ -6,9 +6,9 @@ import math
 import torch
 from click.testing import CliRunner
 
-from partime.tools.bench import conv_net, median_ms
+from partime.tools.bench.runner import conv_net, median_ms
 from partime.tools.cli import main
-from partime.tools.demo import blob_video, run_demo
+from partime.tools.demo.recorded import blob_video, run_demo
 
 
 def positive(x):

@@ -6,7 +6,8 @@ from models import classification_stream, mlp
 from torch import nn
 
 import partime
-from partime.compensation import (
+from partime.core.stage import Stage, StageConfig
+from partime.learning.compensation import (
     DELAY_CORRECTION_FLOOR,
     DelayCorrection,
     StepSizeScale,
@@ -16,7 +17,6 @@ from partime.compensation import (
     output_units,
     scale_step_size,
 )
-from partime.stage import Stage, StageConfig
 
 
 def test_delays_of_the_stages():

@@ -5,10 +5,10 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from partime import stage_config
-from partime.tools import fidelity as fid
-from partime.tools import fidelity_tuning
+from partime.core import stage_config
 from partime.tools.cli import main
+from partime.tools.fidelity import runs as fid
+from partime.tools.fidelity import tuning as fidelity_tuning
 
 # What graph-stash adds at each depth, where partime has it: the compensations of stash.
 GRAPH_STASH = (

@@ -10,7 +10,7 @@ from faulty import TripLoss, TripOptimizer, Tripped, tagged_stream, tripping_mod
 from torch import nn
 
 import partime
-from partime.malloc import keep_freed_memory
+from partime.executors.malloc import keep_freed_memory
 
 
 def stage_processes():

@@ -6,8 +6,8 @@ import torch
 from torch import nn
 
 import partime
+from partime.core.kept_graph import KeptGraph
 from partime.errors import StageError
-from partime.kept_graph import KeptGraph
 
 LR = 0.1
 N = 7

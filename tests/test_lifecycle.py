@@ -221,7 +221,7 @@ def test_a_run_that_skips_most_samples_says_so(caplog):
     xs, _ = classification_stream(260)
     kw = dict(loss_fn=lambda out: ((out - 1) ** 2).mean(), optimizer=lambda params: torch.optim.SGD(params, lr=50.0))
     with (
-        caplog.at_level(logging.WARNING, logger="partime.pipeline"),
+        caplog.at_level(logging.WARNING, logger="partime.pipeline.pipeline"),
         partime.Pipeline(mlp(), [3, 4], executor="inline", nonfinite="skip", **kw) as pipe,
     ):
         results = list(pipe.stream(xs))

@@ -19,8 +19,8 @@ import torch
 from torch import nn
 
 from partime import Pipeline
-from partime.arrivals import newest
-from partime.checkpoint_check import CheckpointError
+from partime.checkpoint.format import CheckpointError
+from partime.pipeline.arrivals import newest
 from partime.sources import MONOTONIC, FakeClock, at_rate
 
 EXECUTORS = ["inline", "process", "thread"]
@@ -284,7 +284,7 @@ def test_a_break_out_of_a_stalled_live_stream_returns_at_once_and_says_its_reade
     try:
         with Pipeline(small_model(), 1, executor="inline") as pipe:
             results = pipe.stream(stalling(), when_behind="drop")
-            with caplog.at_level("WARNING", logger="partime.arrivals"):
+            with caplog.at_level("WARNING", logger="partime.pipeline.arrivals"):
                 for r in results:
                     if r.index == 1:  # the last item before the source stalls
                         assert stalled.wait(5.0)
@@ -293,7 +293,7 @@ def test_a_break_out_of_a_stalled_live_stream_returns_at_once_and_says_its_reade
                 results.close()  # what leaving the loop does, once the generator is let go
                 took = time.monotonic() - start
         assert took < 0.5
-        [warning] = [r for r in caplog.records if r.name == "partime.arrivals"]
+        [warning] = [r for r in caplog.records if r.name == "partime.pipeline.arrivals"]
         assert warning.levelname == "WARNING"
         assert re.search(
             r"thread reading its source \(generator .*stalling\) is still blocked in the source's iterator "

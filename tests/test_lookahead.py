@@ -8,13 +8,8 @@ from models import classification_stream, mlp
 from torch import nn
 
 import partime
-from partime.compensation import AUTOMATIC, chosen_compensation, optimizer_kind
-from partime.lookahead import (
-    LONG_MOMENTUM,
-    OptimizerPrediction,
-    SpikeCompensation,
-    lengthen_momentum,
-)
+from partime.learning.compensation import AUTOMATIC, chosen_compensation, optimizer_kind
+from partime.learning.optimizer_state import LONG_MOMENTUM, OptimizerPrediction, SpikeCompensation, lengthen_momentum
 
 
 def scalar(value=1.0):

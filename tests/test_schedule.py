@@ -1,6 +1,6 @@
 """The tick schedule against literal tables (SPEC.md's worked example among them)."""
 
-from partime import schedule
+from partime.core import schedule
 
 
 def test_worked_example_of_the_spec_d3_learning():

@@ -15,7 +15,7 @@ import pytest
 from faulty import shm_names, tagged_stream, tripping_model
 
 import partime
-from partime.signals import EXIT_STATUS
+from partime.pipeline.sigterm import EXIT_STATUS
 
 BOUND_S = 5.0
 

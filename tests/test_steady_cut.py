@@ -1,4 +1,4 @@
-"""Tests of partime.steady_cut: the cut among the near-fastest, against brute force, known cases and noise."""
+"""Tests of partime.planning.steady_cut: the cut among the near-fastest, against brute force, known cases and noise."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import random
 
 import pytest
 
-from partime.hops import stage_hop
-from partime.partition import best_split
-from partime.steady_cut import steady_split
+from partime.planning.hop_cost import stage_hop
+from partime.planning.partition import best_split
+from partime.planning.steady_cut import steady_split
 
 
 def _balances(n: int, depth: int, forbidden: set[int]) -> list[tuple[int, ...]]:

@@ -14,13 +14,7 @@ import pytest
 import torch
 
 from partime import streams
-from partime.streams import (
-    moving_digits,
-    next_frame_pairs,
-    panning_camera,
-    shuffled_digits,
-    smoothness,
-)
+from partime.streams import moving_digits, next_frame_pairs, panning_camera, shuffled_digits, smoothness
 
 
 def digit_frames(n: int, **kwargs: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,4 +1,4 @@
-"""Tests of tied tensors in partime.partition: no cut may give two stages the same parameter."""
+"""Tests of tied tensors in partime.planning.partition: no cut may give two stages the same parameter."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import torch
 from torch import nn
 
 import partime
-from partime import partition
-from partime.partition import best_split, check_balance, plan, split
-from partime.ties import Tie, tied_cuts
+from partime.planning import partition
+from partime.planning.partition import best_split, check_balance, plan, split
+from partime.planning.ties import Tie, tied_cuts
 
 
 def _tied(n_between: int = 1) -> tuple[nn.Sequential, nn.Linear]:

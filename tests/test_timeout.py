@@ -78,6 +78,6 @@ def test_a_timeout_must_be_a_positive_number_of_seconds(timeout):
 
 
 def test_the_default_timeout_is_generous_and_none_waits_for_ever():
-    assert partime.pipeline.TIMEOUT_S == 300.0
+    assert partime.pipeline.pipeline.TIMEOUT_S == 300.0
     with partime.Pipeline(tripping_model(2), [2, 2], executor="inline", timeout=None):
         pass

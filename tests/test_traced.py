@@ -1,4 +1,4 @@
-"""Traced models (partime.traced): modules that are not an nn.Sequential, cut between the nodes of
+"""Traced models (partime.traced.tracing): modules that are not an nn.Sequential, cut between the nodes of
 their fx graph; against the model itself, the inline executor and plain online learning."""
 
 import copy
@@ -14,15 +14,15 @@ from click.testing import CliRunner
 from torch import nn
 
 import partime
-from partime import partition
 from partime.errors import StageError
-from partime.hops import stage_hop
-from partime.partition import best_split, plan
-from partime.ties import tied_cuts
-from partime.tools.bench_models import resnet
+from partime.planning import partition
+from partime.planning.hop_cost import stage_hop
+from partime.planning.partition import best_split, plan
+from partime.planning.ties import tied_cuts
+from partime.tools.bench.models import resnet
 from partime.tools.cli import main
-from partime.traced import boundary_specs, layers_of
-from partime.traced_partition import TracedPartition
+from partime.traced.partition import TracedPartition
+from partime.traced.tracing import boundary_specs, layers_of
 
 MODELS = ("resnet", "unet", "transformer")
 GRAD_MODES = ("partime", "stash", "weight-stash", "graph-stash")

@@ -1,4 +1,4 @@
-"""Tests for partime.transport: values cross processes exactly, channels are bounded, waits abort."""
+"""Tests for partime.executors.process.shared_memory: values cross processes exactly, channels are bounded, waits abort."""
 
 from __future__ import annotations
 
@@ -11,16 +11,8 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from partime.transport import (
-    KIND_DATA,
-    KIND_END,
-    POLL_S,
-    Aborted,
-    Channel,
-    Message,
-    wait,
-)
-from partime.values import TensorSpec
+from partime.core.boundary_values import TensorSpec
+from partime.executors.process.shared_memory import KIND_DATA, KIND_END, POLL_S, Aborted, Channel, Message, wait
 
 CTX = mp.get_context("spawn")
 PAIR = [TensorSpec((3, 4), torch.float32), TensorSpec((5,), torch.int64)]

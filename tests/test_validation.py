@@ -9,8 +9,8 @@ import torch
 from torch import nn
 
 import partime
-from partime.lookahead import check_optimizer_factory
-from partime.stage import Stage, StageConfig, check_loss_fn
+from partime.core.stage import Stage, StageConfig, check_loss_fn
+from partime.learning.optimizer_state import check_optimizer_factory
 
 MSE = nn.MSELoss()
 EXECUTORS = ["inline", "process"]
@@ -224,7 +224,7 @@ def test_an_optimizer_leaving_out_some_of_its_stages_parameters_is_a_warning(cap
     def no_biases(params):
         return torch.optim.SGD([p for p in params if p.dim() > 1], lr=0.1)
 
-    with caplog.at_level(logging.WARNING, logger="partime.stage"):
+    with caplog.at_level(logging.WARNING, logger="partime.core.stage"):
         _, trained = run(optimizer=no_biases)
     assert [r.getMessage() for r in caplog.records] == [
         "stage 0: the optimizer leaves out 1 of its 2 trainable parameters, which will not learn: 0.bias",

@@ -13,8 +13,8 @@ import time
 import torch
 from torch import nn
 
-from partime.stage import Stage, StageConfig
-from partime.tools.bench import conv3_net
+from partime.core.stage import Stage, StageConfig
+from partime.tools.bench.runner import conv3_net
 
 torch.set_num_threads(1)
 torch.manual_seed(0)

@@ -4,10 +4,10 @@ An ``nn.Sequential`` is cut into D contiguous stages that work at once on D diff
 for inference and for online learning; see SPEC.md for what is computed at every tick.
 """
 
-from .checkpoint import CheckpointError
+from .checkpoint.files import CheckpointError
 from .errors import PipelineClosedError, StageError, StageTimeoutError, WorkerDiedError
 from .executors import Result
-from .pipeline import Pipeline
+from .pipeline.pipeline import Pipeline
 
 __all__ = [
     "CheckpointError",

@@ -8,9 +8,9 @@ from .base import Executor, Layout, Result
 
 REGISTRY = {
     "inline": "inline:InlineExecutor",
-    "process": "process:ProcessExecutor",
-    "thread": "thread:ThreadExecutor",
-    "distributed": "distributed:DistributedExecutor",
+    "process": "process.executor:ProcessExecutor",
+    "thread": "thread.executor:ThreadExecutor",
+    "distributed": "distributed.executor:DistributedExecutor",
 }
 """Each executor's name and where its class is (``module:Class`` in this package); a module is
 imported only when a pipeline chooses its executor."""

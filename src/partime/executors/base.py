@@ -44,9 +44,9 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from ..core.boundary_layout import Layout, Result
+from ..core.stage import StageConfig
 from ..errors import StageError
-from ..layout import Layout, Result
-from ..stage import StageConfig
 
 LOOKAHEAD = 1
 """How many ticks ``Pipeline.stream`` offers beyond the result it hands out next: the stages then
@@ -70,7 +70,7 @@ class Executor(ABC):
 
     child_processes: ClassVar[bool] = False
     """Whether its workers are child processes of the caller (SIGTERM then closes the pipeline:
-    ``partime.signals``)."""
+    ``partime.pipeline.sigterm``)."""
 
     # -- what the class says before any pipeline runs on it --------------------------------------
 

@@ -26,15 +26,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from .. import schedule
+from ..core import schedule
+from ..core.in_flight import resume, stage_resume
+from ..core.stage import Stage
 from ..errors import StageTimeoutError
-from ..feeder import Feeder, result_of
-from ..stage import Stage
-from ..transit import resume, stage_resume
-from ..transport import wait
-from ..worker import Link, Links
 from .base import Executor, Layout, Result, stage_error, with_deadline
+from .caller_ends import Feeder, result_of
 from .hosted import HostedStage, Local
+from .process.shared_memory import wait
+from .worker_loop import Link, Links
 
 CAPACITY = 2
 """Messages a link between stages holds: one being read while the next is written."""

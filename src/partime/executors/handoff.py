@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor
 
-from ..transport import POLL_S, Message
+from .process.shared_memory import POLL_S, Message
 
 
 class Signal:

@@ -24,13 +24,13 @@ from typing import Any
 
 import torch
 
-from ..malloc import keep_freed_memory
-from ..stage import Stage
-from ..transit import stage_answer
-from ..transport import Message
-from ..worker import Links, Sent, Where, segment
+from ..core.in_flight import stage_answer
+from ..core.stage import Stage
 from .base import stage_error
 from .handoff import Handoff
+from .malloc import keep_freed_memory
+from .process.shared_memory import Message
+from .worker_loop import Links, Sent, Where, segment
 
 
 class Local(Handoff):

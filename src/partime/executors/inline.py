@@ -25,11 +25,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .. import schedule
-from ..checkpoint import CheckpointError, message
-from ..stage import Stage
-from ..tick import Data, Message, Skip, backward_half, forward_half
-from ..values import as_tensors, rebuild
+from ..checkpoint.files import CheckpointError, message
+from ..core import schedule
+from ..core.boundary_values import as_tensors, rebuild
+from ..core.stage import Stage
+from ..core.tick import Data, Message, Skip, backward_half, forward_half
 from .base import Executor, Layout, Result, stage_error
 
 

@@ -11,7 +11,7 @@ import click
 from rich.progress import TaskID
 from rich.table import Table
 
-from .bench_cli import bench, whole_numbers
+from .bench.cli import bench, whole_numbers
 from .report import progress_bar, wide_console
 
 
@@ -144,12 +144,12 @@ def fidelity(
     real: bool,
 ) -> None:
     """Measure what learning with delay costs: sequential against D-stage pipelines, test-then-train."""
-    from . import fidelity as fid
+    from .fidelity import runs as fid
 
     names = _names(stream_names, fid.STREAMS, "--streams")
     optimizers = _names(optimizer_names, fid.OPTIMIZERS, "--optimizer")
     if live:
-        from .fidelity_live_cli import live_view
+        from .fidelity.live_cli import live_view
 
         live_view(
             frames=frames,
@@ -255,7 +255,7 @@ def soak(inference_samples: int, learning_samples: int, depth: int, out_dir: Pat
 def demo() -> None:
     """Stream a generated video through a 2-stage pipeline: inference, online learning, and the video
     played as a live source faster than the plain model keeps up with."""
-    from .demo import run_demo
+    from .demo.recorded import run_demo
 
     run_demo(wide_console())
 

@@ -1,0 +1,369 @@
+"""One stage of a pipeline: its forward, its loss, its gradient step (internal module).
+
+A ``Stage`` knows how to run one forward and one backward of its slice of the model under a
+grad mode; it knows nothing of ticks, processes or transport. Every executor drives the same
+``Stage`` objects, so what a stage computes is written once.
+
+The grad modes differ only in what the vector-Jacobian product of a late gradient uses
+(SPEC.md, "Learning: loss and backward"):
+
+- ``partime``: the stage's newest input and its current weights;
+- ``stash``: the input of the sample the gradient belongs to, and the current weights;
+- ``weight-stash``: that input, and the weights it went forward with;
+- ``graph-stash``: the graph of that sample's own forward (its activations, its dropout masks),
+  run back with the current weights (``KeptGraph``): one forward per sample, no weight copy.
+
+With weight prediction (``compensation``), a forward runs with the predicted weights and the
+product of its gradient uses them too, whatever the grad mode.
+
+Where the graph of a forward is still valid for the product (built from the right input with
+weights that no step has changed since, or kept by ``graph-stash``) it is reused instead of
+running the forward again: in ``partime`` mode that is every tick with a forward, at the last
+stage it is every tick, and in ``graph-stash`` mode every forward.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ..learning.compensation import delay
+from .boundary_values import as_tensors, copy_tensors, is_float
+from .kept_graph import KeptGraph
+from .stage_config import (
+    DEFAULT_GRAD_MODE,
+    GRAD_MODES,
+    NONFINITE,
+    LossFn,
+    OptimizerFactory,
+    StageConfig,
+    check_loss_fn,
+    takes_target,
+)
+from .stage_learning import compensation_state, load_compensation_state, make_learning, step
+from .stage_random import RandomStream
+from .stage_record import Forward, record_from, record_state, to_device, value_of
+
+__all__ = [
+    "DEFAULT_GRAD_MODE",
+    "GRAD_MODES",
+    "NONFINITE",
+    "Learnt",
+    "LossFn",
+    "OptimizerFactory",
+    "Stage",
+    "StageConfig",
+    "check_loss_fn",
+    "takes_target",
+    "value_of",
+]
+
+
+@dataclass(frozen=True)
+class Learnt:
+    """What the last stage's ``learn`` gives: the loss, the gradient w.r.t. the stage's input
+    (None at stage 0, and when skipped) and whether the sample was skipped (a non-finite loss
+    under ``nonfinite="skip"``: no gradient, no step)."""
+
+    loss: float
+    gradient: Any
+    skipped: bool = False
+
+
+class Stage:
+    """Stage ``index`` of a pipeline of ``config.depth`` stages, running ``module`` on ``device``.
+
+    A learning stage with trainable parameters makes its optimizer with ``config.optimizer``: a
+    TypeError if that returns anything but a ``torch.optim.Optimizer``, a ValueError if the
+    optimizer holds none of the stage's trainable parameters; a warning names those it leaves out
+    (they do not learn; a factory may choose to leave some out).
+    """
+
+    def __init__(self, index: int, module: nn.Module, config: StageConfig, device: str | torch.device = "cpu"):
+        self.index = index
+        self.config = config
+        self.device = torch.device(device)
+        self.module = module.to(self.device)
+        named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+        self._names = [n for n, _ in named]
+        self._params = [p for _, p in named]
+        # A loss with parameters is part of the last stage: they learn there, with its optimizer.
+        loss_fn = config.loss_fn
+        self._loss_module = loss_fn if index == config.depth - 1 and isinstance(loss_fn, nn.Module) else None
+        loss_named = (
+            [(f"loss_fn.{n}", p) for n, p in self._loss_module.named_parameters() if p.requires_grad]
+            if self._loss_module is not None and config.learning
+            else []
+        )
+        self._loss_params = [p for _, p in loss_named]
+        self._learning = make_learning(index, config, named, loss_named)  # its optimizer and compensation
+        self.optimizer = self._learning.optimizer
+        # graph-stash: a delayed stage's forwards keep their graphs across its steps (the last
+        # stage's graph serves in the tick it is made, and predicted weights are copies anyway)
+        self._kept = (
+            KeptGraph(index, self._params)
+            if config.grad_mode == "graph-stash"
+            and delay(index, config.depth) > 0
+            and self.optimizer is not None
+            and self._learning.predictor is None
+            else None
+        )
+        # the stage's own random stream (None: a stage made apart from a pipeline draws from the process's)
+        self._random = None if config.random_state is None else RandomStream(index, config.random_state)
+        self._anchors: dict[int, list[Tensor]] = {}  # delay-correction: the weights at each forward
+        self._newest: Forward | None = None  # partime: the newest input
+        self._pending: dict[int, Forward] = {}  # stash modes: forwards awaiting their gradient
+        self._out_is_tuple = False
+        self.phase = "start"  # what the stage is doing: forward, loss, backward or step
+
+    def forward(self, sample: int, value: Any) -> Any:
+        """Run sample ``sample`` forward; returns the output, detached, for the next stage."""
+        self.phase = "forward"
+        value = to_device(value, self.device)
+        if not self.config.learning:
+            with torch.no_grad(), self._drawing():
+                return self.module(value)
+        tensors = as_tensors(value, f"input of stage {self.index}")
+        record = Forward(sample, tuple(self._leaf(t) for t in tensors), not isinstance(value, Tensor))
+        if self.index < self.config.depth - 1:  # a delayed stage may run this forward again
+            if self._random is None:
+                record.random = torch.get_rng_state()
+            elif self._random.draws is not False:  # a stage that draws nothing needs no state to draw again
+                record.random = self._random.state
+        now: list[Tensor] = []  # a copy of the weights now, if the grad mode keeps one
+        if self._learning.predictor is not None:
+            record.weights = self._learning.predictor.predict()
+        elif self.config.grad_mode == "weight-stash":
+            record.weights = [p.detach().clone().requires_grad_() for p in self._params]
+            now = [w.detach() for w in record.weights]
+        if self._learning.corrector is not None:
+            self._anchors[sample] = now or self._learning.corrector.anchor()
+        if self._kept is not None:
+            record.saved = []
+        record.outputs = self._run(record)
+        if self.config.grad_mode == "partime":
+            self._newest = record
+        else:
+            self._pending[sample] = record
+        return value_of(tuple(t.detach() for t in record.outputs), self._out_is_tuple)
+
+    def learn(self, sample: int, target: Any = None) -> Learnt:
+        """Last stage: the loss of ``sample`` (just run forward), its backward and step.
+
+        Returns the loss and the gradient w.r.t. this stage's input (``Learnt``). A loss that is not
+        finite raises a FloatingPointError, or with ``nonfinite="skip"`` comes back skipped, with
+        the gradient None: nothing is back-propagated and the optimizer does not step.
+
+        When this stage has trainable parameters, a loss that does not require grad, or that has
+        no gradient path to any of them, raises a ValueError before any step (a zero gradient,
+        as of ``(output * 0).sum()``, is a path).
+        """
+        self.phase = "loss"
+        loss_fn = self.config.loss_fn
+        if loss_fn is None:
+            raise RuntimeError(f"stage {self.index} has no loss_fn: a pipeline without one does not learn")
+        record, outputs = self._record_for(sample)
+        output = value_of(outputs, self._out_is_tuple)
+        with self._drawing():
+            loss = loss_fn(output, to_device(target, self.device)) if self.config.supervised else loss_fn(output)
+        if not isinstance(loss, Tensor) or loss.dim() != 0:
+            shape = tuple(loss.shape) if isinstance(loss, Tensor) else type(loss).__name__
+            raise ValueError(
+                f"loss_fn must return a scalar tensor, got {shape} for sample {sample}; reduce it, e.g. with .mean()"
+            )
+        if self.optimizer is not None and not loss.requires_grad:
+            raise ValueError(
+                f"loss_fn returned a tensor with no gradient (requires_grad=False) for sample {sample}: "
+                f"do not detach it or rebuild it from .item(); stage {self.index} would never learn"
+            )
+        value = loss.item()
+        if not math.isfinite(value):
+            if self.config.nonfinite == "skip":
+                self.drop(sample)
+                return Learnt(value, None, skipped=True)
+            raise FloatingPointError(f"the loss of sample {sample} is not finite: {value}")
+        return Learnt(value, self._apply(sample, record, (loss,), None))
+
+    def backward(self, sample: int, grad: Any) -> Any:
+        """Apply the gradient of ``sample`` w.r.t. this stage's output, as the grad mode says.
+
+        Steps the optimizer; returns the gradient w.r.t. this stage's input (None at stage 0).
+        """
+        self.phase = "backward"
+        record, outputs = self._record_for(sample)
+        grads = tuple(t.to(self.device) for t in as_tensors(grad, f"gradient at stage {self.index}"))
+        return self._apply(sample, record, outputs, grads)
+
+    def drop(self, sample: int) -> None:
+        """``sample`` will bring no gradient (it was skipped): forget its forward; no step."""
+        self._pending.pop(sample, None)
+        self._anchors.pop(sample, None)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything of this stage that decides its future ticks, as copies in plain values.
+
+        Its weights and buffers, its optimizer's state, its random stream, the forwards it keeps
+        for a later product (inputs; weights in ``weight-stash`` mode or with weight prediction;
+        the random state each started from; whether a graph of it was still valid, and in
+        ``graph-stash`` mode what that graph saved), the layout of its output and the compensation
+        state (with delay correction, the weights each sample in flight went forward with).
+        """
+        return {
+            "module": copy_tensors(self.module.state_dict()),
+            "loss_fn": None
+            if self._loss_module is None or not self._loss_params
+            else copy_tensors(self._loss_module.state_dict()),
+            "optimizer": None if self.optimizer is None else copy_tensors(self.optimizer.state_dict()),
+            "optimizer_class": type(self.optimizer).__name__,
+            "newest": None if self._newest is None else record_state(self._newest),
+            "pending": [record_state(r) for r in self._pending.values()],
+            "out_is_tuple": self._out_is_tuple,
+            **compensation_state(self._learning),
+            "anchors": [(sample, copy_tensors(anchor)) for sample, anchor in self._anchors.items()],
+            "random": None if self._random is None else self._random.state.clone(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Become the stage that ``state_dict`` described; it then computes what that one would.
+
+        The stage takes over the tensors of ``state`` (pass a copy to keep using them).
+
+        The graphs that were valid are built again, with the weights they were built with and on
+        copies of the buffers, so that BatchNorm's statistics see no extra forward.
+        """
+        if state["optimizer_class"] != type(self.optimizer).__name__:
+            raise ValueError(
+                f"stage {self.index}: the checkpoint's optimizer is {state['optimizer_class']}, "
+                f"this stage's is {type(self.optimizer).__name__}"
+            )
+        self.module.load_state_dict(state["module"])
+        if self._loss_params and state.get("loss_fn") is not None:
+            assert self._loss_module is not None  # a stage with loss parameters has a loss module
+            self._loss_module.load_state_dict(state["loss_fn"])
+        if self.optimizer is not None and state["optimizer"] is not None:
+            self.optimizer.load_state_dict(state["optimizer"])
+        load_compensation_state(self._learning, state)
+        self._anchors = {sample: [t.to(self.device) for t in anchor] for sample, anchor in state.get("anchors", ())}
+        if self._random is not None and state.get("random") is not None:
+            self._random.state, self._random.draws = state["random"].clone(), None
+        self._newest = None
+        self._pending = {}
+        rebuild = []
+        kept = ([state["newest"]] if state["newest"] is not None else []) + state["pending"]
+        for kept_state in kept:
+            record = record_from(kept_state, self._leaf, self.device)
+            if self.config.grad_mode == "partime":
+                self._newest = record
+            else:
+                self._pending[record.sample] = record
+            if kept_state["graph"]:
+                rebuild.append(record)
+        for record in rebuild:
+            record.outputs = self._run(record, again=True)
+        self._out_is_tuple = state["out_is_tuple"]
+
+    # -- internals ------------------------------------------------------------------------------
+
+    def _leaf(self, t: Tensor) -> Tensor:
+        leaf = t.detach()
+        if self.index > 0 and is_float(leaf):
+            leaf.requires_grad_()
+        return leaf
+
+    def _run(self, record: Forward, again: bool = False) -> tuple[Tensor, ...]:
+        """The forward of ``record.inputs`` with the weights the grad mode asks for, with graph.
+
+        A sample's own forward draws from the stage's random stream and updates the module's
+        buffers (BatchNorm's running statistics) as a plain forward does. Run ``again`` (for a
+        product, or to rebuild a checkpoint's graph), it is the same forward: it draws what the
+        sample's own drew, and runs on copies of the buffers, so that every sample updates them once.
+
+        A record with ``saved`` gets a graph kept across steps (``KeptGraph``): what it saves is
+        collected there, or, run ``again``, taken from there (a checkpoint's copies)."""
+        # On a clone, so that a layer working in place changes neither a stashed input nor a leaf.
+        value = value_of(tuple(t.clone() for t in record.inputs), record.is_tuple)
+        swapped = dict(zip(self._names, record.weights))
+        if again:
+            swapped.update((name, b.clone()) for name, b in self.module.named_buffers())
+        hooks: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
+        if record.saved is not None:
+            assert self._kept is not None  # only a graph-stash stage's records save
+            keep = self._kept.replaying if again else self._kept.keeping
+            hooks = keep(record.sample, record.saved)
+        randomness = RandomStream.replaying(record.random) if again else self._drawing()
+        with torch.enable_grad(), hooks, randomness:
+            if swapped:
+                out = torch.func.functional_call(self.module, swapped, (value,))
+            else:
+                out = self.module(value)
+        self._out_is_tuple = not isinstance(out, Tensor)
+        return as_tensors(out, f"output of stage {self.index}")
+
+    def _drawing(self) -> contextlib.AbstractContextManager[None]:
+        """Within it, what the stage's forward or loss draws comes from the stage's own stream."""
+        return self._random.drawing() if self._random is not None else contextlib.nullcontext()
+
+    def _record_for(self, sample: int) -> tuple[Forward, tuple[Tensor, ...]]:
+        """The forward whose graph the product of ``sample``'s gradient uses, made valid, and its outputs."""
+        if self.config.grad_mode == "partime":
+            if self._newest is None:
+                raise RuntimeError(f"stage {self.index} has run no forward for the gradient of sample {sample}")
+            record = self._newest
+        else:
+            record = self._pending.pop(sample)
+        outputs = record.outputs
+        if outputs is None:  # a step made its graph stale: run it again with the weights now
+            outputs = record.outputs = self._run(record, again=True)
+        return record, outputs
+
+    def _apply(
+        self, sample: int, record: Forward, outputs: tuple[Tensor, ...], grads: tuple[Tensor, ...] | None
+    ) -> Any:
+        """Back-propagate ``sample``'s ``grads`` through ``record`` (None: ``outputs`` is the loss),
+        step, return the gradient w.r.t. the input."""
+        weights = record.weights or self._params
+        learnt = list(weights) + (self._loss_params if grads is None else [])  # the loss's, with the loss
+        wanted = learnt + [t for t in record.inputs if t.requires_grad]
+        live = [k for k, o in enumerate(outputs) if o.requires_grad]
+        found: tuple[Tensor | None, ...] = (None,) * len(wanted)
+        self.phase = "backward"
+        if live and wanted:
+            found = torch.autograd.grad(
+                [outputs[k] for k in live],
+                wanted,
+                grad_outputs=None if grads is None else [grads[k] for k in live],
+                allow_unused=True,
+            )
+        record.outputs = None  # autograd.grad has freed its graph
+        if grads is None and self.optimizer is not None and all(g is None for g in found[: len(weights)]):
+            raise ValueError(
+                f"the loss of sample {sample} has no gradient path to any parameter of stage {self.index}: "
+                "loss_fn must compute it from the output it is given, not return a constant or a tensor "
+                f"made apart from it; stage {self.index} would never learn"
+            )
+        if self.optimizer is not None:
+            self.phase = "step"
+            anchor = self._anchors.pop(sample) if self._learning.corrector is not None else None
+            step(self._learning, self._params + self._loss_params, found[: len(learnt)], anchor)
+            self._drop_stale_graphs()
+        if self.index == 0:
+            return None
+        from_autograd = iter(found[len(learnt) :])
+        input_grads = []
+        for t in record.inputs:
+            g = next(from_autograd) if t.requires_grad else None
+            input_grads.append(torch.zeros_like(t) if g is None else g)
+        return value_of(tuple(input_grads), record.is_tuple)
+
+    def _drop_stale_graphs(self) -> None:
+        """After a step, graphs built with the live weights no longer hold for a product."""
+        if self._newest is not None:
+            self._newest.outputs = None
+        for record in self._pending.values():
+            if not record.weights and record.saved is None:
+                record.outputs = None

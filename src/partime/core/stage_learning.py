@@ -1,0 +1,159 @@
+"""How a learning stage steps: its optimizer and its delay compensation (internal module).
+
+``make_learning`` builds, for stage ``index`` of a pipeline, the optimizer of its trainable
+parameters and the compensation objects that ``config.compensation`` chooses for its delay.
+It checks the optimizer: a TypeError if the factory returns anything but a
+``torch.optim.Optimizer``, a ValueError if it holds none of the stage's trainable parameters;
+a warning (on the ``partime.core.stage`` logger) names those it leaves out.
+``step`` takes one compensated step; ``compensation_state`` and ``load_compensation_state``
+copy the state of the compensation that a stage checkpoint keeps besides the optimizer's.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor, nn
+
+from ..learning.compensation import (
+    DelayCorrection,
+    StepSizeScale,
+    WeightPredictor,
+    chosen_compensation,
+    delay,
+    scale_step_size,
+)
+from ..learning.optimizer_state import OptimizerPrediction, SpikeCompensation, check_holds, lengthen_momentum
+from .boundary_values import copy_tensors
+from .stage_config import OptimizerFactory, StageConfig
+
+# The stage's logger, not this module's: the warning is about a stage, and is filtered as one.
+log = logging.getLogger("partime.core.stage")
+
+
+class Learning(NamedTuple):
+    """A stage's optimizer (None: it does not learn) and its compensation objects (None: not chosen)."""
+
+    optimizer: torch.optim.Optimizer | None = None
+    step_size: StepSizeScale | None = None
+    predictor: WeightPredictor | OptimizerPrediction | None = None
+    corrector: DelayCorrection | None = None
+    spike: SpikeCompensation | None = None
+
+
+def make_learning(
+    index: int,
+    config: StageConfig,
+    named: list[tuple[str, nn.Parameter]],
+    extra: Sequence[tuple[str, nn.Parameter]] = (),
+) -> Learning:
+    """How stage ``index`` learns, given its trainable ``named`` parameters (see the module);
+    ``extra`` parameters (the loss's, at the last stage) are handed to the optimizer factory with
+    them, after them, and step plainly: no compensation reads or changes them."""
+    if config.optimizer is None or not (named or extra):  # config.learning, in a form mypy narrows
+        return Learning()
+    params = [p for _, p in named]
+    every = list(named) + list(extra)
+    optimizer = _make_optimizer(index, config.optimizer, [n for n, _ in every], [p for _, p in every])
+    tau = delay(index, config.depth)
+    chosen = chosen_compensation(config.compensation, optimizer)
+    step_size: StepSizeScale | None = None
+    predictor: WeightPredictor | OptimizerPrediction | None = None
+    corrector: DelayCorrection | None = None
+    spike: SpikeCompensation | None = None
+    if "step-scale" in chosen and tau > 0:
+        scale_step_size(optimizer, tau)
+    if "lr-scale" in chosen:
+        step_size = StepSizeScale(optimizer, tau)
+    if "weight-prediction" in chosen:
+        predictor = WeightPredictor(params, tau)
+    if "long-momentum" in chosen and tau > 0:
+        lengthen_momentum(optimizer)
+    if "optimizer-prediction" in chosen:
+        predictor = OptimizerPrediction(optimizer, params, tau)
+    if "delay-correction" in chosen and tau > 0:
+        corrector = DelayCorrection(named, optimizer=optimizer)  # it reads which way each group goes
+    if "spike" in chosen and tau > 0:
+        spike = SpikeCompensation(optimizer, params, tau)
+    return Learning(optimizer, step_size, predictor, corrector, spike)
+
+
+def _make_optimizer(
+    index: int, factory: OptimizerFactory, names: list[str], params: list[nn.Parameter]
+) -> torch.optim.Optimizer:
+    """``factory``'s optimizer of stage ``index``'s trainable parameters, checked (see the module)."""
+    optimizer = factory(params)
+    source = (
+        f"stage {index}: the optimizer factory, called on its {len(params)} trainable parameters ({_listed(names)}),"
+    )
+    left_out = check_holds(optimizer, params, source, f"stage {index} would never learn")
+    if left_out:
+        log.warning(
+            "stage %d: the optimizer leaves out %d of its %d trainable parameters, which will not learn: %s",
+            index,
+            len(left_out),
+            len(params),
+            _listed([names[k] for k in left_out]),
+        )
+    return optimizer
+
+
+def step(
+    learning: Learning, params: list[nn.Parameter], grads: Sequence[Tensor | None], anchor: list[Tensor] | None
+) -> None:
+    """One step of ``learning.optimizer`` on ``params`` with ``grads`` (None: no gradient),
+    compensated as chosen; ``anchor``: the weights the sample went forward with (delay correction)."""
+    assert learning.optimizer is not None  # a stage steps only if it learns
+    for p, g in zip(params, grads):
+        p.grad = g
+    if learning.corrector is not None:
+        assert anchor is not None
+        learning.corrector.correct(anchor)
+    if learning.step_size is not None:
+        learning.step_size.before_step()
+    if learning.spike is not None:
+        learning.spike.before_step()
+    learning.optimizer.step()
+    if learning.spike is not None:
+        learning.spike.after_step()
+    for p in params:
+        p.grad = None
+    if isinstance(learning.predictor, WeightPredictor):
+        learning.predictor.after_step()
+
+
+def compensation_state(learning: Learning) -> dict[str, Any]:
+    """Copies of the state of a stage's step-size scale and weight predictor, in plain values."""
+    step_size, predictor = learning.step_size, learning.predictor
+    state: dict[str, Any] = {
+        "lr_scale_steps": None if step_size is None else step_size.steps,
+        "prediction": None,
+    }
+    if isinstance(predictor, WeightPredictor):
+        state["prediction"] = {
+            "previous": copy_tensors(predictor.previous),
+            "velocity": copy_tensors(predictor.velocity),
+        }
+    return state
+
+
+def load_compensation_state(learning: Learning, state: dict[str, Any]) -> None:
+    """Give ``learning``'s step-size scale and weight predictor the state that ``compensation_state`` copied."""
+    step_size, predictor = learning.step_size, learning.predictor
+    if step_size is not None:
+        step_size.steps = state["lr_scale_steps"]
+    if isinstance(predictor, WeightPredictor):
+        with torch.no_grad():
+            for dst, src in zip(
+                predictor.previous + predictor.velocity,
+                state["prediction"]["previous"] + state["prediction"]["velocity"],
+            ):
+                dst.copy_(src)
+
+
+def _listed(names: list[str], most: int = 6) -> str:
+    shown = ", ".join(names[:most])
+    return shown if len(names) <= most else f"{shown} and {len(names) - most} more"

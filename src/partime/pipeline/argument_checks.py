@@ -1,0 +1,208 @@
+"""The checking of ``Pipeline``'s arguments, at construction (internal module).
+
+``check_arguments`` raises the error a ``Pipeline`` made with bad arguments raises, naming the
+value and, where there is one, the fix, before anything is built; it returns what the pipeline
+keeps of them: the executor class, the depth, the devices (one device, or one per stage, each
+one this machine has), each stage's thread count and the timeout. With ``balance="auto"`` the depth is what the planner chooses on the sample, so there,
+once every other argument has passed, it plans the partition (``partition.plan``) and returns it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..core.stage import GRAD_MODES, NONFINITE, LossFn, OptimizerFactory, StageConfig, check_loss_fn
+from ..executors import Executor, executor_class
+from ..learning.compensation import check_compensation
+from ..planning.auto_check import confirmed
+from ..planning.balance import AUTO, Balance
+from ..planning.partition import Partition, check_balance, plan
+
+# the pipeline's logger: its warnings read as the pipeline's, for those who configure that one
+log = logging.getLogger("partime.pipeline.pipeline")
+
+Devices = str | torch.device | Sequence[str | torch.device] | None
+"""``Pipeline(devices=...)``: None (every stage on the CPU), one device for every stage, or one per stage."""
+
+
+@dataclass(frozen=True)
+class Arguments:
+    """What ``Pipeline`` keeps of its checked arguments."""
+
+    executor_class: type[Executor]
+    depth: int
+    devices: list[str]
+    threads: int
+    timeout: float | None
+    partition: Partition | None = None
+    """The partition that ``balance="auto"`` chose; None for any other balance."""
+
+
+def stage_threads(depth: int, threads: int | None) -> int:
+    """The torch thread count of each of ``depth`` stages: ``threads`` if given, else the cores
+    divided among the stages (at least one)."""
+    return threads if threads is not None else max(1, (os.cpu_count() or 1) // depth)
+
+
+def check_arguments(
+    model: nn.Sequential,
+    balance: Balance,
+    *,
+    devices: Devices,
+    executor: str,
+    loss_fn: LossFn | None,
+    optimizer: OptimizerFactory | None,
+    grad_mode: str,
+    threads: int | None,
+    nonfinite: str,
+    timeout: float | None,
+    sample: Any = None,
+    compensation: str | Sequence[str] = "auto",
+) -> Arguments:
+    """``Pipeline``'s arguments, checked in the order they are documented: a ValueError (or the
+    error of ``check_balance``, ``executor_class``, ``check_loss_fn``, ``check_devices``) for the
+    first that does not fit. Logs a warning when the stages will share this host's cores.
+
+    ``devices`` is one device (a string or a ``torch.device``) for every stage, or one per stage;
+    each must be a device torch knows (a ValueError naming it otherwise) and one this machine has
+    (``check_available``).
+
+    ``balance="auto"`` needs ``sample`` (the depth fixes the devices, each stage's thread count and
+    what a checkpoint must match, before the first sample), ``devices`` None or the CPU, and an executor that
+    runs every stage from this process; then the layers are timed on ``sample`` with the thread
+    count each depth would give its stages, and the chosen partition is returned."""
+    check_balance(model, balance)
+    if grad_mode not in GRAD_MODES:
+        raise ValueError(f"unknown grad_mode {grad_mode!r}; choose one of {', '.join(GRAD_MODES)}")
+    cls = executor_class(executor)
+    if nonfinite not in NONFINITE:
+        raise ValueError(f"unknown nonfinite policy {nonfinite!r}; choose one of {', '.join(NONFINITE)}")
+    if (loss_fn is None) != (optimizer is None):
+        given, missing = ("loss_fn", "optimizer") if optimizer is None else ("optimizer", "loss_fn")
+        raise ValueError(
+            f"{given} was given without {missing}: learning needs both "
+            "(e.g. optimizer=lambda params: torch.optim.SGD(params, lr=0.01)), inference neither"
+        )
+    check_loss_fn(loss_fn)
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+        raise ValueError(f"threads must be a whole number of at least 1, got {threads!r}")
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0):
+        raise ValueError(f"timeout must be a number of seconds above 0, or None to wait for ever; got {timeout!r}")
+    partition = None
+    if balance == AUTO:
+        _check_auto(cls, devices, sample)
+        count: Callable[[int], int] = lambda d: stage_threads(d, threads)
+        partition = plan(model, AUTO, sample, learning=optimizer is not None, threads=count)
+        if partition.depth > 1:  # the planner predicts; the stages' own ticks decide
+            config = StageConfig(
+                partition.depth, loss_fn, optimizer, grad_mode, False, check_compensation(compensation)
+            )
+            partition = confirmed(model, partition, sample, config, count)
+        depth = partition.depth
+    else:
+        depth = balance if isinstance(balance, int) else len(balance)
+    per_stage: list[torch.device] | None = None
+    if isinstance(devices, (str, torch.device)):  # one device for every stage
+        per_stage = [_parsed(devices, "devices")] * depth
+    elif devices is not None:
+        per_stage = [_parsed(d, f"devices[{k}]") for k, d in enumerate(devices)]
+    checked_devices = cls.check_devices(per_stage, depth)
+    check_available(checked_devices)
+    if cls.on_this_host and depth > (os.cpu_count() or 1):
+        log.warning(
+            "%d stages on %d cores: stages will share cores, and the pipeline will not run %d times faster",
+            depth,
+            os.cpu_count(),
+            depth,
+        )
+    return Arguments(
+        executor_class=cls,
+        depth=depth,
+        devices=checked_devices,
+        threads=stage_threads(depth, threads),
+        timeout=None if timeout is None else float(timeout),
+        partition=partition,
+    )
+
+
+def _parsed(device: str | torch.device, name: str) -> torch.device:
+    """``device`` as a ``torch.device``; a ValueError naming it (as ``name``) if torch knows no such device."""
+    try:
+        return torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(
+            f"{name} is {device!r}, which is no device torch knows ({exc}); give a device such as "
+            "'cpu' or 'cuda:0', or a list of one per stage"
+        ) from exc
+
+
+def check_available(devices: Sequence[str]) -> None:
+    """A ValueError naming the first stage whose device this machine does not have: CUDA when
+    ``torch.cuda.is_available()`` is False, a CUDA index from ``torch.cuda.device_count()`` on,
+    MPS when ``torch.backends.mps.is_available()`` is False; the message lists the devices it has."""
+    for stage, name in enumerate(devices):
+        device = torch.device(name)
+        missing = _missing(device)
+        if missing is not None:
+            raise ValueError(
+                f"stage {stage} is on device {name!r}, which this machine does not have: {missing}; devices "
+                f"this machine has: {', '.join(available_devices())}. Give devices= of those (one device "
+                "for every stage, e.g. devices='cpu', or one per stage)"
+            )
+
+
+def _missing(device: torch.device) -> str | None:
+    """Why this machine has no ``device``; None if it has it."""
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            return "torch.cuda.is_available() is False (no CUDA device, or a torch built without CUDA)"
+        count = torch.cuda.device_count()
+        if device.index is not None and device.index >= count:
+            return f"torch.cuda.device_count() is {count}, so its CUDA devices are cuda:0 to cuda:{count - 1}"
+    elif device.type == "mps" and not torch.backends.mps.is_available():
+        return "torch.backends.mps.is_available() is False"
+    return None
+
+
+def available_devices() -> list[str]:
+    """The devices this machine has that a stage can run on: the CPU, each CUDA device, MPS."""
+    found = ["cpu"]
+    if torch.cuda.is_available():
+        found += [f"cuda:{k}" for k in range(torch.cuda.device_count())]
+    if torch.backends.mps.is_available():
+        found.append("mps")
+    return found
+
+
+def _check_auto(cls: type[Executor], devices: Devices, sample: object) -> None:
+    """A ValueError unless ``balance="auto"`` can choose the depth with these arguments."""
+    if sample is None:
+        raise ValueError(
+            f"balance={AUTO!r} needs sample= (a sample like those of the stream): the number of stages "
+            "fixes the devices, each stage's thread count and what a checkpoint must match before the "
+            "first sample, so the layers are timed when the pipeline is made; or give a number of stages "
+            "(e.g. balance=2), which can wait for the first sample"
+        )
+    if isinstance(devices, (str, torch.device)) and _parsed(devices, "devices").type != "cpu":
+        raise ValueError(
+            f"balance={AUTO!r} chooses the number of stages by timing them here and puts every stage on "
+            f"the CPU, so it takes no other device (got {str(devices)!r}); leave devices=None, or give "
+            "a balance"
+        )
+    if devices is not None and not isinstance(devices, (str, torch.device)):
+        raise ValueError(
+            f"balance={AUTO!r} chooses the number of stages, so devices cannot be given one per stage "
+            f"(got {list(devices)}); leave devices=None, or give a balance"
+        )
+    if cls.rank is not Executor.rank:
+        raise ValueError(
+            f"balance={AUTO!r} chooses the number of stages, but the {cls.kind()} executor runs one stage "
+            "per rank: give balance=WORLD_SIZE, or the layers of each stage"
+        )

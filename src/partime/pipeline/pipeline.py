@@ -1,0 +1,390 @@
+"""``Pipeline``: a model cut into stages that work at once on a stream.
+
+The model is an ``nn.Sequential``, cut between its children, or any module whose forward torch.fx
+can trace, cut between the nodes of its graph (``partime.traced.tracing``). The pipeline checks what it is
+given, learns the layout of every boundary from the first sample, counts ticks and samples, and
+leaves the running of the stages to its executor.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import threading
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..core.boundary_layout import Result
+from ..core.boundary_values import ValueSpec
+from ..core.stage import DEFAULT_GRAD_MODE, LossFn, OptimizerFactory, StageConfig, takes_target
+from ..executors import EXECUTORS
+from ..executors.base import LOOKAHEAD
+from ..executors.distributed.on_rank_0 import on_rank_0
+from ..learning.compensation import check_compensation
+from ..learning.optimizer_state import check_optimizer_factory
+from ..planning.balance import Balance
+from ..planning.partition import Partition
+from ..sources import MONOTONIC
+from ..traced.partition import describe
+from ..traced.tracing import boundary_specs, layers_of
+from . import arrivals
+from .argument_checks import Devices, check_arguments
+from .checkpointing import Checkpointing
+from .sample_reading import pair
+from .sigterm import SigtermGuard
+
+# public here: partime.pipeline.SKIP_WINDOW and SKIP_SHARE (the skip-share warning: skip_warning)
+from .skip_warning import SKIP_SHARE as SKIP_SHARE  # noqa: PLC0414
+from .skip_warning import SKIP_WINDOW as SKIP_WINDOW  # noqa: PLC0414
+from .skip_warning import SkipWatch
+from .state import PipelineState
+
+_MISSING = object()
+
+TIMEOUT_S = 300.0
+"""The default ``timeout``: five minutes, far longer than one tick of any model that keeps up with a
+stream (and than a worker's start), short enough that an unattended run does not hang for good."""
+
+
+class Pipeline(Checkpointing):
+    """``model`` cut into ``balance`` stages that run at once, each on its own sample.
+
+    ``model`` is an ``nn.Sequential``, whose layers are its children, or any other module whose
+    forward torch.fx can trace, whose layers are the computing nodes of its graph, in order (see
+    ``partime.traced.tracing``: what crosses a cut is every value computed before it and used after it;
+    what cannot be traced is refused with a TypeError naming the node or line, and the fix).
+
+    ``balance`` is a list of layers per stage, or a number of stages D: then each layer is timed on
+    ``sample`` (or the first streamed sample), with what each boundary between stages costs per
+    tick (``partime.planning.hop_cost``), and the model is cut as ``partime.planning.steady_cut`` says: among the cuts
+    whose slowest stage, hops included, is about as fast as the fastest's, by rules that timing
+    noise does not change (so one script cuts one model alike in every run on one machine) and,
+    when learning, with the fewest weights delayed. ``balance="auto"`` chooses the number of stages too, when the pipeline is made, so it
+    needs ``sample``: from 1 up to the cores this process may use (and the layers), the depth and
+    cut whose slowest stage is predicted fastest, each depth timed with the threads its stages
+    would get; one stage (the model as it is, with the reason logged at INFO) unless a pipeline is
+    predicted ``partime.planning.planner.AUTO_MARGIN`` (10%) faster: by its own prediction it never chooses
+    to be slower than sequential. ``partition`` says what it chose and predicts.
+
+    With ``loss_fn`` and ``optimizer`` (a factory ``params -> Optimizer``, called once per
+    stage) the pipeline learns online as SPEC.md says, under ``grad_mode`` (``"graph-stash"``,
+    the default, which runs each sample forward once; ``"stash"``, which runs a late gradient's
+    sample forward again with the weights now; ``"weight-stash"``; or ``"partime"``, the published
+    method, which learns only from smooth streams) and with staleness ``compensation``: ``"auto"`` (the default) chooses, for
+    each stage's optimizer, what measured best with it (``partime.learning.compensation.AUTOMATIC``); or
+    any of ``"step-scale"``, ``"delay-correction"``, ``"optimizer-prediction"``,
+    ``"long-momentum"``, ``"spike"``, ``"lr-scale"``, ``"weight-prediction"`` (see
+    ``partime.learning.compensation`` and ``partime.learning.optimizer_state``), or ``()`` for none. Every choice is
+    plain online learning at D = 1. Without ``loss_fn`` and ``optimizer`` it infers under
+    ``torch.no_grad()``. ``threads`` is each stage's torch thread count (default: the cores
+    divided among the stages).
+
+    ``nonfinite`` says what becomes of a sample whose input or loss holds NaN or an infinity:
+    ``"raise"`` (the default) refuses a non-finite input with a ValueError before it is fed (the
+    pipeline stays usable) and fails on a non-finite loss with a ``StageError``; ``"skip"`` drops
+    the sample from learning and reports it in its result (``Result.skipped``). A skipped input
+    never goes forward: it moves through the stages as a hole, on which nothing is computed, and
+    its result has no output and no loss. A skipped loss keeps its result's output and loss, but
+    no gradient is applied for it. In both cases no stage steps for that sample (SPEC: "a stage
+    that received no gradient in a tick does not step"); every other sample is unaffected.
+
+    The pipeline works on its own copy of ``model``: the model given is never changed, and a
+    second pipeline made from it starts from the same weights. ``module`` gives the trained
+    weights back (``model.load_state_dict(pipe.module.state_dict())`` to train it in place).
+
+    ``devices`` puts the stages on devices: None (every stage on the CPU), one device (a string
+    such as ``"cuda:0"`` or a ``torch.device``) for every stage, or a list of one per stage. A
+    device this machine does not have (CUDA where ``torch.cuda.is_available()`` is False, an index
+    past ``torch.cuda.device_count()``, MPS where it is not available) is a ValueError naming the
+    stage, the device and the devices it has, when the pipeline is made.
+
+    ``timeout`` is the longest, in seconds, that the caller waits for any stage (a result, room
+    for a sample, a checkpoint, the workers' start) before a ``StageTimeoutError`` names the stage
+    that is behind and the pipeline closes; None waits for ever. The inline executor, which runs
+    the stages in the caller's thread, has nothing to wait for.
+
+    A pipeline belongs to the process that made it: used in a process made by ``os.fork()``, it
+    raises (and that process's exit leaves the pipeline's workers alone).
+
+    While a ``process`` pipeline is open in the main thread, SIGTERM closes it (see
+    ``partime.pipeline.sigterm``).
+
+    >>> model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    >>> with Pipeline(model, [2, 1], executor="inline") as pipe:
+    ...     results = list(pipe.stream(torch.randn(4) for _ in range(5)))
+    >>> [r.index for r in results]
+    [0, 1, 2, 3, 4]
+
+    Results come out in sample order; ``step`` returns the one that left the pipeline at that
+    tick (None for the first D - 1 ticks) and ``flush`` those still inside. Every sample offered
+    gets the next index, also one that is refused (a ``ValueError`` for a non-finite input under
+    ``"raise"``, or a shape that does not fit): its index is used up and no result has it, so
+    ``Result.index`` is always the sample's position in what the caller offered.
+
+    A pipeline has one caller at a time. A ``stream`` holds it from its first item until it ends,
+    is closed, or is let go (a ``break`` out of ``for r in pipe.stream(...)`` lets it go); a
+    ``step`` or ``flush`` while it does, a second ``stream``, or a call from another thread while
+    one runs raises a RuntimeError and feeds nothing. A learning pipeline fed under
+    ``torch.no_grad()`` or ``torch.inference_mode()`` raises a RuntimeError that says so, before
+    anything is fed: its outputs are detached already, so only the code that scores them needs it.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        balance: Balance,
+        *,
+        devices: Devices = None,
+        executor: str = "process",
+        loss_fn: LossFn | None = None,
+        optimizer: OptimizerFactory | None = None,
+        grad_mode: str = DEFAULT_GRAD_MODE,
+        sample: Any = None,
+        threads: int | None = None,
+        compensation: str | Sequence[str] = "auto",
+        nonfinite: str = "raise",
+        timeout: float | None = TIMEOUT_S,
+    ):
+        # What partime runs for itself here (traces, probes, timing) draws nothing from the caller's
+        # random stream; the stages start from it (SPEC.md, "Random and stateful layers").
+        random_state = torch.get_rng_state()
+        with torch.random.fork_rng(devices=[]):
+            self._pid = os.getpid()
+            self._status = "new"  # new -> open -> closed
+            self._executor = None
+            # the pipeline's own copy: the caller's model is never changed
+            self._root = copy.deepcopy(model) if isinstance(model, nn.Module) else model
+            layers = layers_of(self._root)  # the copy itself, or its traced graph's segments
+            # a traced model's boundaries, shown by the sample: a value that cannot cross a cut fails here
+            self._specs: tuple[ValueSpec, ...] | None = None
+            if layers is not self._root and sample is not None:
+                self._specs = boundary_specs(layers, sample, self._root)
+            args = check_arguments(
+                layers,
+                balance,
+                devices=devices,
+                executor=executor,
+                loss_fn=loss_fn,
+                optimizer=optimizer,
+                grad_mode=grad_mode,
+                threads=threads,
+                nonfinite=nonfinite,
+                timeout=timeout,
+                sample=sample,
+                compensation=compensation,
+            )
+            self._executor_class = args.executor_class
+            depth = self.depth = args.depth
+            self._devices = args.devices
+            self._timeout = args.timeout
+            self._threads = args.threads
+            self._model = layers
+            # "auto" chose its depth: from here on as balance=D (a checkpoint may have another cut of D)
+            self._balance = args.depth if isinstance(balance, str) else balance
+            self._config = StageConfig(
+                depth,
+                loss_fn,
+                optimizer,
+                grad_mode,
+                False,
+                check_compensation(compensation),
+                nonfinite=nonfinite,
+                random_state=random_state,
+            )
+            check_optimizer_factory(optimizer, self._config.compensation)
+            self._sigterm = SigtermGuard() if self._executor_class.child_processes else None
+            self._state = PipelineState(supervised=takes_target(loss_fn) if loss_fn is not None else False)
+            self._partition = args.partition
+            if self._partition is None and (not isinstance(balance, int) or sample is not None):
+                self._partition = self._plan(sample)
+            self._failure = None
+            self._skips = SkipWatch()
+            self._clock = MONOTONIC
+            self._caller = threading.Lock()
+            self._user = None
+            # The distributed executor runs one stage per rank; on ranks > 0 the pipeline serves its stage.
+            self._rank = self._executor_class.rank(depth)
+
+    # -- public ---------------------------------------------------------------------------------
+
+    @property
+    def learning(self) -> bool:
+        """Whether the pipeline learns (it was given a loss and an optimizer)."""
+        return self._config.learning
+
+    @property
+    def partition(self) -> Partition | None:
+        """Layers per stage and, when balanced by timing, the predictions: each stage's time per
+        sample (``predicted_times``: compute plus hop), the pipeline's (``predicted_time``, its
+        slowest stage), the ``bound`` (the slowest compute, hops free) and the ``sequential_time``;
+        ``print(pipe.partition.summary())`` shows them. For a traced model it is a
+        ``partime.traced.partition.TracedPartition``: also the nodes of each stage
+        (``stage_nodes``) and what crosses each boundary (``boundaries``: the values' names and,
+        once ``sample=`` or the first sample has shown them, their shapes and bytes).
+
+        None while ``balance`` is a number of stages and no sample has been seen.
+        """
+        if self._partition is None:
+            return None
+        specs: Sequence[ValueSpec | None] | None = self._specs
+        layout = self._state.layout
+        if specs is None and layout is not None:  # what the first sample showed at each boundary
+            found = dict(zip((stop for _, stop in self._partition.bounds[:-1]), layout.activations))
+            specs = [found.get(k) for k in range(1, len(self._model))]
+        return describe(self._partition, self._model, specs)
+
+    @property
+    def module(self) -> nn.Module:
+        """A copy of the model, of the type given, with every stage's weights as they are now,
+        between ticks (for a traced model, a copy of the pipeline's own copy of the module given,
+        whose submodules the stages train).
+
+        The pipeline trains a copy of the model it was given (which stays as it was): to train
+        that one, ``model.load_state_dict(pipe.module.state_dict())``.
+        """
+        if self._executor is not None and self._status == "open":
+            self._guard(self._executor.sync)
+        return copy.deepcopy(self._root)
+
+    @property
+    def fed(self) -> int:
+        """How many samples have been offered so far: the index the next one gets.
+
+        A stream resumed from a checkpoint goes on from this sample.
+        """
+        return self._state.next_index
+
+    @on_rank_0()
+    def step(self, x: Any, y: Any = None) -> Result | None:
+        """Offer sample ``x`` (with target ``y`` for a supervised loss) and run one tick.
+
+        Returns the result that left the pipeline during this tick, or None while it fills up.
+        """
+        self._claim("step()")
+        try:
+            self._check_open()
+            self._check_grad_mode("step()")
+            self._feed(x, y)
+            return self._take() if self._due() else None
+        finally:
+            self._release()
+
+    @on_rank_0(list)
+    def flush(self) -> list[Result]:
+        """Run the remaining ticks without input; the results still inside, in order.
+
+        When learning, every fed sample's gradient has been applied at every stage on return.
+        """
+        self._claim("flush()")
+        try:
+            return self._flush("flush()")
+        finally:
+            self._release()
+
+    def _flush(self, verb: str) -> list[Result]:
+        self._check_open()
+        state = self._state
+        rest = []
+        if state.in_segment:
+            self._check_grad_mode(verb)  # the ticks left run the backward of the samples in flight
+            executor = self._running(None, None)  # not started yet if resumed with samples in flight
+            self._guard(executor.end)
+            while state.taken < state.in_segment:
+                rest.append(self._take())
+            self._guard(executor.sync)
+            state.flushed()
+        while state.dropped:  # after the last sample that went in (it was refused)
+            rest.append(self._take())
+        return rest
+
+    @on_rank_0(lambda: iter(()))
+    def stream(
+        self, xs: Iterable[Any], ys: Iterable[Any] | None = None, *, when_behind: str = "wait"
+    ) -> Iterator[Result]:
+        """Every sample of ``xs`` (with the targets ``ys``) through the pipeline, then a flush.
+
+        When the loss takes a target and ``ys`` is not given, each item of ``xs`` is a pair
+        ``(x, y)`` (as ``partime.streams.moving_digits`` yields). The same results as ``step`` on
+        each sample and a ``flush``; while a result is handed out, the pipeline may have run one
+        tick further (so that no stage waits for the caller). A ``break`` out of the loop leaves
+        the samples in flight inside the pipeline: their results come out of the next ``step``,
+        ``flush`` or ``stream``, first.
+
+        ``xs`` may be a live source, which yields at its own pace (``partime.sources``:
+        ``at_rate``, a camera's ``video_frames``). ``when_behind`` says what happens when a sample
+        arrives before the pipeline can take it (SPEC.md, "Live sources"):
+
+        - ``"wait"`` (the default, for recorded data): the source waits. A recorded stream is read
+          one sample per tick; a ``Paced`` source's samples are all taken, late if the pipeline is
+          behind, and their latency says how late.
+        - ``"drop"`` (for a live source): the newest arrival replaces the one still waiting, so
+          the source is never held back and the pipeline holds one waiting sample at most. The
+          replaced sample's result comes in sample order, with ``dropped=True`` and no output (nor
+          target): no stage computes or steps for it, and learning learns from the samples that
+          went in, in the ticks they made. A source that is no ``Paced`` one is read by a thread
+          of its own, which times each sample as it comes.
+
+        A live source's results are handed out as soon as they leave the pipeline, so that their
+        latency is the pipeline's own: D - 1 arrivals (the ticks that carry a sample through)
+        plus the last stage's tick. Each ``Result`` says when its sample arrived and was handed
+        out, on the source's clock. A ``Paced`` source begins once the pipeline has taken its first
+        sample (and started: its workers, the timing of its layers); a real one does not wait.
+        """
+        self._check_free("stream()")
+        reader = arrivals.inbox(xs, when_behind)  # refuses a policy it does not know, at once
+        return self._stream(reader, ys)
+
+    def _stream(self, reader: arrivals.Inbox, ys: Iterable[Any] | None) -> Iterator[Result]:
+        try:
+            self._check_open()
+            self._claim("stream()")
+        except BaseException:
+            reader.close()
+            raise
+        try:
+            yield from self._streamed(reader, ys)
+        finally:
+            self._release()
+
+    def _streamed(self, reader: arrivals.Inbox, ys: Iterable[Any] | None) -> Iterator[Result]:
+        self._clock = reader.clock
+        lookahead = 0 if reader.live else LOOKAHEAD
+        targets = iter(ys) if ys is not None else None
+        pairs = ys is None and self._state.supervised is True
+        state = self._state
+        begun = False
+        try:
+            while True:
+                self._check_grad_mode("stream()")  # before an item is taken: a refusal uses up none
+                found = reader.take()
+                if not found:
+                    break
+                for at in found.dropped:
+                    if targets is not None and next(targets, _MISSING) is _MISSING:
+                        raise ValueError(f"ys ended before xs: there is no target for sample {state.next_index}")
+                    state.drop(at)
+                for item, at in found.kept:
+                    if pairs:
+                        x, y = pair(item, state.next_index)
+                    else:
+                        x = item
+                        y = None if targets is None else next(targets, _MISSING)
+                    if y is _MISSING:
+                        raise ValueError(f"ys ended before xs: there is no target for sample {state.next_index}")
+                    self._feed(x, y, at)
+                    if not begun:  # the pipeline has started from the first sample: the rest may come
+                        reader.begin()
+                        begun = True
+                    while self._due() > lookahead or state.next_is_dropped():
+                        yield self._take()
+        finally:
+            reader.close()
+        if targets is not None and next(targets, _MISSING) is not _MISSING:
+            raise ValueError(f"ys is longer than xs: xs ended after {state.next_index} samples")
+        yield from self._flush("stream()")
+
+
+__all__ = ["EXECUTORS", "Pipeline", "Result"]

@@ -1,0 +1,43 @@
+"""What the pipeline reads off the samples it is given (internal module).
+
+``pair`` splits an item of a stream of ``(x, y)`` pairs, or raises a ValueError naming the
+sample; ``layout_of`` learns every boundary's ``Layout`` from the first sample, without changing
+the stages, and raises a ``StageError`` naming the stage whose forward fails on it.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..core.boundary_layout import Layout
+from ..core.boundary_values import ValueSpec, spec_of
+from ..executors.base import stage_error
+
+
+def pair(item: Any, index: int) -> tuple[Any, Any]:
+    """``item`` of a stream of ``(x, y)`` pairs, split; a ValueError naming the sample if it is no pair."""
+    if isinstance(item, (tuple, list)) and len(item) == 2:
+        return item[0], item[1]
+    kind = f"a {type(item).__name__}" + (f" of {len(item)}" if isinstance(item, (tuple, list)) else "")
+    raise ValueError(
+        f"loss_fn takes a target and ys was not given, so every item of xs must be a pair (x, y); "
+        f"sample {index} is {kind}: pass ys=, or pairs"
+    )
+
+
+def layout_of(stages: list[nn.Module], x: Any, target: ValueSpec | None) -> Layout:
+    """Every boundary's layout, from one forward of a copy of the stages on the first sample."""
+    specs = []
+    value = x
+    with torch.no_grad():
+        for i, stage in enumerate(copy.deepcopy(stages)):
+            try:
+                value = stage(value)
+            except Exception as exc:
+                raise stage_error(i, 0, "forward", exc) from exc
+            specs.append(spec_of(value, f"output of stage {i}"))
+    return Layout(spec_of(x, "sample 0"), tuple(specs[:-1]), specs[-1], target)

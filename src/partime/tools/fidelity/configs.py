@@ -1,0 +1,105 @@
+"""What fidelity measures: the streams, optimizers, grad modes and compensations.
+
+``Config`` is one run; ``compensations`` says which compensations each grad mode is measured
+with, ``choices`` the names by which a user picks among them and ``picked`` whether a run is
+picked. The step sizes are chosen in ``fidelity_tuning``. Pure data: nothing here trains or times.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from typing import cast
+
+from ...learning import optimizer_state as lookahead
+from ...learning.compensation import AUTO, AUTOMATIC
+from ...core.stage_config import GRAD_MODES, StageConfig
+
+STREAMS = ("digits", "shuffled", "camera")
+OPTIMIZERS = ("sgd", "momentum", "adam")
+DEFAULT_GRAD_MODE = cast(str, StageConfig.__dataclass_fields__["grad_mode"].default)
+"""The grad mode a ``Pipeline`` learns with when none is chosen."""
+DEFAULT = "default"
+"""The choice of what a ``Pipeline`` learns with when nothing is chosen: ``DEFAULT_GRAD_MODE``
+with ``compensation="auto"``."""
+DIGITS_LR = 0.07  # plain SGD's best step size for sequential learning of moving digits
+_STASH = (
+    "",
+    "delay-correction",
+    "step-scale",
+    "optimizer-prediction",
+    "optimizer-prediction+long-momentum",
+    "spike",
+    AUTO,
+)
+# The compensations each grad mode is measured with ("+" joins options used together; "auto": what
+# compensation="auto" chooses for the optimizer); a grad mode missing here is measured plain. The
+# optimizer-aware options need the optimizer's momentum (plain SGD has none, and its prediction is
+# its weights), and with a prediction both stash modes compute the same (the predicted weights are
+# stashed). "graph-stash" is measured wherever partime.core.stage_config.GRAD_MODES has it.
+COMPENSATIONS = {
+    "partime": ("",),
+    "weight-stash": ("", "delay-correction"),
+    "stash": _STASH,
+    "graph-stash": _STASH,
+}
+CUTS = ("planned", "even")
+
+
+def automatic(optimizer: str) -> str:
+    """What ``compensation="auto"`` chooses for ``optimizer``, as a fidelity compensation."""
+    return "+".join(AUTOMATIC[optimizer])
+
+
+def compensations(grad_mode: str, optimizer: str) -> tuple[str, ...]:
+    """The compensations measured with ``grad_mode`` under ``optimizer``, ``"auto"`` resolved
+    (``DEFAULT_GRAD_MODE`` is always measured with it: the default is measured)."""
+    resolved = [automatic(optimizer) if c == AUTO else c for c in COMPENSATIONS.get(grad_mode, ("",))]
+    names = [
+        c for c in resolved if optimizer != "sgd" or not any(option in lookahead.OPTIONS for option in c.split("+"))
+    ]
+    if grad_mode == DEFAULT_GRAD_MODE:
+        names.append(automatic(optimizer))
+    return tuple(dict.fromkeys(names))
+
+
+def choice(grad_mode: str, compensation: str) -> str:
+    """The name by which a user picks a grad mode and compensation: ``"stash+delay-correction"``."""
+    return "+".join(n for n in (grad_mode, compensation) if n)
+
+
+def choices(optimizers: Sequence[str]) -> tuple[str, ...]:
+    """The names a user may pick configurations by, with any of ``optimizers``: ``DEFAULT``, and
+    ``choice`` of each grad mode of ``GRAD_MODES`` and each of its compensations."""
+    names = [DEFAULT] + [
+        choice(mode, comp) for opt in optimizers for mode in GRAD_MODES for comp in compensations(mode, opt)
+    ]
+    return tuple(dict.fromkeys(names))
+
+
+def picked(grad_mode: str, compensation: str, optimizer: str, only: Collection[str] | None) -> bool:
+    """Whether ``only`` (names of ``choices``; None: all) picks ``grad_mode`` with ``compensation``
+    under ``optimizer``: by its ``choice``, or as ``DEFAULT``."""
+    if only is None or choice(grad_mode, compensation) in only:
+        return True
+    return DEFAULT in only and (grad_mode, compensation) == (DEFAULT_GRAD_MODE, automatic(optimizer))
+
+
+@dataclass(frozen=True)
+class Config:
+    """One run: a stream learnt by a D-stage pipeline (D = 1: sequential)."""
+
+    stream: str
+    depth: int
+    grad_mode: str = "partime"
+    compensation: str = ""
+    seed: int = 0
+    balance: tuple[int, ...] | None = None  # layers per stage; None: even
+    optimizer: str = "sgd"
+    lr: float = DIGITS_LR
+
+    @property
+    def label(self) -> str:
+        if self.depth == 1:
+            return "sequential"
+        return f"D={self.depth} {self.grad_mode}" + "".join(f" + {c}" for c in self.compensation.split("+") if c)

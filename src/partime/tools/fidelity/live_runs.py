@@ -1,0 +1,292 @@
+"""The live view's runs: the plain loop and a D = 2 pipeline learning the part of a live stream each keeps.
+
+A live stream arrives faster than the plain loop (sequential online learning, D = 1) learns from
+it. The plain loop keeps fewer samples and learns from each at once; a ``DEPTH``-stage pipeline
+is faster, so it keeps more, but learns with delay. Each contender keeps what
+``fidelity_live.drop_schedule`` says it keeps at its time per sample (``Times``) and learns from
+that, test-then-train, through the ``inline`` executor: what it learns does not depend on the
+machine it runs on, only on the times it is given. The pipeline learns as a ``Pipeline`` does
+when nothing is chosen (its default grad mode and compensation); the plain loop is the same
+``Pipeline`` with one stage.
+
+The stream is ``partime fidelity``'s (``digits``, ``shuffled``, ``camera``). Its first ``frames``
+samples are the live part; the samples after it (``held_out`` of them) score each contender's
+final model, with no learning. Each contender learns at the step size of ``LR_GRID`` that suits it
+best on ``TUNING_SEED`` of its live run (``tuning_configs``, ``best_step_sizes``); the runs of
+``configs`` are reported on other seeds (``fidelity_tuning.reported_seeds``).
+"""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+import multiprocessing
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass, replace
+from typing import Any, cast
+
+import torch
+from torch import Tensor, nn
+
+from ...learning.compensation import AUTO
+from ...errors import StageError
+from ...metrics import OnlineMetrics
+from ...pipeline.pipeline import Pipeline
+from .runs import BATCH, LR_GRID, TUNING_SEED, Config, automatic, optimizer_factory, samples_of
+from .live import drop_schedule
+from .models import camera_model, digits_model, next_frame_error
+
+CONTENDERS = ("plain", "pipeline")
+DEPTH = 2
+"""The pipeline's number of stages."""
+HELD_OUT = 500
+"""Samples after the live part that score each final model."""
+WINDOW = 500
+"""Results in the rolling score."""
+
+
+@dataclass(frozen=True)
+class Times:
+    """Seconds per sample while learning: the plain loop's, and the pipeline's per tick."""
+
+    plain: float
+    pipeline: float
+
+    def of(self, contender: str) -> float:
+        """The time of ``contender`` (one of ``CONTENDERS``)."""
+        return self.plain if contender == "plain" else self.pipeline
+
+
+TimesTable = dict[tuple[str, str], Times]
+"""The ``Times`` of each (model, optimizer): ``model_of(stream)``, one of ``OPTIMIZERS``."""
+Cuts = dict[tuple[str, str], tuple[int, ...]]
+"""The pipeline's layers per stage for each (model, optimizer): those whose ``Times`` were measured."""
+
+
+@dataclass(frozen=True)
+class LiveConfig:
+    """One run: ``contender`` learning what it keeps of ``stream`` arriving at ``rate`` samples per
+    second (``multiple`` times the plain loop's learning rate), busy ``seconds_per_sample`` with
+    each sample it takes, cut into ``balance`` (layers per stage)."""
+
+    stream: str
+    contender: str
+    optimizer: str
+    lr: float
+    multiple: float
+    rate: float
+    seconds_per_sample: float
+    balance: tuple[int, ...]
+    seed: int = TUNING_SEED
+
+    @property
+    def label(self) -> str:
+        return "plain loop" if self.contender == "plain" else pipeline_label(self.optimizer)
+
+
+def model_of(stream: str) -> str:
+    """The model a stream is learnt with: ``"camera"``, or ``"digits"`` (also for the shuffled control)."""
+    return "camera" if stream == "camera" else "digits"
+
+
+def pipeline_label(optimizer: str) -> str:
+    """What the pipeline learns with under ``optimizer``: ``Pipeline``'s default grad mode and
+    compensation (``"auto"``: what it chooses for the optimizer), as ``partime fidelity`` labels it."""
+    defaults = inspect.signature(Pipeline).parameters
+    compensation = defaults["compensation"].default
+    if compensation == AUTO:
+        names = automatic(optimizer)
+    else:
+        names = compensation if isinstance(compensation, str) else "+".join(compensation)
+    return Config("digits", DEPTH, defaults["grad_mode"].default, names).label
+
+
+def stream_items(stream: str, seed: int, samples: int) -> Iterator[Any]:
+    """The first ``samples`` samples of ``partime fidelity``'s ``stream`` from ``seed``, as
+    ``Pipeline.stream`` takes them: ``(x, y)`` pairs of the digits, the camera's ``(frame, next frame)``."""
+    xs, ys = samples_of(Config(stream, 1, seed=seed), samples)
+    return xs if ys is None else zip(xs, ys)
+
+
+def loss_of(model: nn.Module, stream: str) -> Callable[[Any], Tensor]:
+    """The loss of ``model`` on one item of ``stream_items`` (forward and loss), to call ``backward`` on."""
+    if stream == "camera":
+        return lambda item: next_frame_error(model(item))
+    cross_entropy = nn.CrossEntropyLoss()
+    return lambda item: cross_entropy(model(item[0]), item[1])
+
+
+def run(config: LiveConfig, frames: int, held_out: int = HELD_OUT) -> dict[str, Any]:
+    """``config``'s contender learning the samples it keeps of ``frames`` arriving live, then its
+    final model scored on the ``held_out`` samples after them; the scores and their history."""
+    torch.set_num_threads(1)
+    torch.manual_seed(config.seed)
+    camera = config.stream == "camera"
+    model = camera_model() if camera else digits_model()
+    schedule = drop_schedule(frames, config.rate, config.seconds_per_sample)
+    went_in = {entry.index for entry in schedule}
+    items = stream_items(config.stream, config.seed, frames + held_out)
+    live = itertools.islice(items, frames)
+    metrics = OnlineMetrics(window=WINDOW)
+    history: list[tuple[float, float]] = []
+    diverged_at = None
+    trained = None
+    with Pipeline(
+        model,
+        list(config.balance),
+        executor="inline",
+        threads=1,
+        loss_fn=next_frame_error if camera else nn.CrossEntropyLoss(),
+        optimizer=optimizer_factory(config.optimizer, config.lr),
+    ) as pipe:
+        try:
+            for result in pipe.stream(item for k, item in enumerate(live) if k in went_in):
+                # test-then-train: the output was computed before this sample's gradient was applied
+                output = cast(tuple[Tensor, ...], result.output)[0] if camera else cast(Tensor, result.output)
+                metrics.update(output, None if camera else cast(Tensor, result.target), result.loss)
+                rolling = metrics.rolling_loss if camera else metrics.rolling_accuracy
+                history.append((schedule[result.index].arrived, rolling))
+            trained = pipe.module
+        except StageError as exc:
+            if "not finite" not in exc.message:
+                raise
+            # learning blew up: a result of its own, not a failure of the run
+            diverged_at = frames if exc.sample is None else schedule[exc.sample].index  # None: after the stream
+    for _ in live:  # what a run that diverged left of the live part: the held-out samples come after it
+        pass
+    score = None
+    if not camera:  # the kept samples after a divergence count as misses
+        score = metrics.accuracy * metrics.rows / (len(schedule) * BATCH) if metrics.rows else 0.0
+    elif diverged_at is None:
+        score = metrics.loss
+    return dict(
+        asdict(config),
+        label=config.label,
+        depth=len(config.balance),
+        frames=frames,
+        seconds=frames / config.rate,
+        kept=len(schedule),
+        metric="loss" if camera else "accuracy",
+        score=score,
+        held_out=None if trained is None or not held_out else held_out_score(trained, items, camera),
+        held_out_samples=held_out,
+        diverged_at=diverged_at,
+        history=history[:: max(1, len(history) // 200)],
+    )
+
+
+def held_out_score(model: nn.Module, items: Iterator[Any], camera: bool) -> float:
+    """``model``'s score on ``items`` with no learning: accuracy over their rows, or the camera's
+    mean next-frame error."""
+    model.eval()
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for item in items:
+            if camera:
+                total += float(next_frame_error(model(item)))
+                count += 1
+            else:
+                x, y = item
+                total += float((model(x).argmax(dim=-1) == y).sum())
+                count += y.numel()
+    return total / count
+
+
+def tuning_configs(
+    stream_names: Sequence[str],
+    optimizers: Sequence[str],
+    multiples: Sequence[float],
+    times: TimesTable,
+    cuts: Cuts,
+) -> list[LiveConfig]:
+    """Each contender on each stream, optimizer and rate at every step size of its grid, on ``TUNING_SEED``."""
+    return [
+        replace(config, lr=lr)
+        for config in _contenders(stream_names, optimizers, multiples, times, cuts)
+        for lr in LR_GRID[config.optimizer]
+    ]
+
+
+LiveStepSizes = dict[tuple[str, str, float, str], float]
+"""The step size of each (stream, optimizer, multiple, contender)."""
+
+
+def _key(row: dict[str, Any]) -> tuple[str, str, float, str]:
+    return (row["stream"], row["optimizer"], row["multiple"], row["contender"])
+
+
+def best_step_sizes(rows: Sequence[dict[str, Any]]) -> LiveStepSizes:
+    """For each stream, optimizer, rate and contender among ``rows``, the step size whose run scored
+    best over the samples it kept (a diverged run never wins): the highest accuracy, or the lowest
+    loss on the camera."""
+    best: dict[tuple[str, str, float, str], tuple[float, float]] = {}
+    for row in rows:
+        if row["diverged_at"] is not None or row["score"] is None:
+            score = -float("inf")
+        else:
+            score = -row["score"] if row["metric"] == "loss" else row["score"]
+        if _key(row) not in best or score > best[_key(row)][0]:
+            best[_key(row)] = (score, row["lr"])
+    return {key: lr for key, (_, lr) in best.items()}
+
+
+def configs(
+    stream_names: Sequence[str],
+    optimizers: Sequence[str],
+    multiples: Sequence[float],
+    times: TimesTable,
+    cuts: Cuts,
+    seeds: Sequence[int],
+    step_sizes: LiveStepSizes,
+) -> list[LiveConfig]:
+    """Each contender on each stream, optimizer and rate at its step size of ``step_sizes``, on each of ``seeds``."""
+    return [
+        replace(config, lr=step_sizes[config.stream, config.optimizer, config.multiple, config.contender], seed=seed)
+        for config in _contenders(stream_names, optimizers, multiples, times, cuts)
+        for seed in seeds
+    ]
+
+
+def _contenders(
+    stream_names: Sequence[str],
+    optimizers: Sequence[str],
+    multiples: Sequence[float],
+    times: TimesTable,
+    cuts: Cuts,
+) -> Iterator[LiveConfig]:
+    """Both contenders of each stream, optimizer and rate (``multiple`` times the plain loop's
+    learning rate, 1 / its time per sample), the step size still to choose."""
+    for stream, optimizer, multiple in itertools.product(stream_names, optimizers, multiples):
+        model = model_of(stream)
+        measured = times[model, optimizer]
+        rate = multiple / measured.plain
+        for contender in CONTENDERS:
+            balance = _balance(contender, cuts[model, optimizer])
+            yield LiveConfig(stream, contender, optimizer, 0.0, multiple, rate, measured.of(contender), balance)
+
+
+def _balance(contender: str, cut: tuple[int, ...]) -> tuple[int, ...]:
+    """The plain loop's one stage (every layer), or the pipeline's ``cut``."""
+    return (sum(cut),) if contender == "plain" else cut
+
+
+def run_all(
+    cfgs: Sequence[LiveConfig],
+    frames: int,
+    held_out: int = HELD_OUT,
+    jobs: int = 1,
+    progress: Callable[[dict[str, Any]], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Every run, ``jobs`` at a time in worker processes; rows in the order of ``cfgs``."""
+    rows: list[dict[str, Any]] = []
+    # spawned, not forked, as fidelity.run_all's
+    spawned = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(jobs, mp_context=spawned) if jobs > 1 else nullcontext() as pool:
+        more = (frames for _ in cfgs), (held_out for _ in cfgs)
+        for row in pool.map(run, cfgs, *more) if pool else map(run, cfgs, *more):
+            rows.append(row)
+            if progress:
+                progress(row)
+    return rows
