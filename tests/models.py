@@ -60,3 +60,20 @@ def strided_frames(n, seed=0):
     xs = [torch.randn(1, 8, 8, 3, generator=gen).permute(0, 3, 1, 2) for _ in range(n)]
     ys = [torch.randint(3, (1,), generator=gen) for _ in range(n)]
     return xs, ys
+
+
+def scaled_loss(out, target):
+    """Cross-entropy times a scale that comes with the target: an infinite scale, an infinite loss."""
+    y, scale = target
+    return nn.functional.cross_entropy(out, y) * scale.sum()
+
+
+def nonfinite_stream(n, holes=(), infinite=()):
+    """``n`` samples; those in ``holes`` have a NaN input, those in ``infinite`` an infinite loss."""
+    xs, ys = classification_stream(n)
+    scales = torch.ones(n, 1)
+    for s in holes:
+        xs[s, 0, 2] = float("nan")
+    for s in infinite:
+        scales[s] = float("inf")
+    return list(xs), list(zip(ys, scales))

@@ -32,7 +32,7 @@ from torch import nn
 
 import partime
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 EXAMPLE = ROOT / "examples" / "distributed_stream.py"
 SAMPLES = 60

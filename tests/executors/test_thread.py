@@ -12,14 +12,13 @@ from pathlib import Path
 import pytest
 import torch
 from faulty import TripLoss, TripOptimizer, tagged_stream, tripping_model
-from models import classification_stream, mlp
-from test_nonfinite import scaled_loss, stream
+from models import classification_stream, mlp, nonfinite_stream, scaled_loss
 from test_process import BALANCES, OPTIMIZERS, assert_same, run
 from torch import nn
 
 import partime
 
-TESTS = Path(__file__).parent
+TESTS = Path(__file__).parents[1]
 
 
 def no_stage_thread_left():
@@ -52,7 +51,7 @@ def test_inference_equals_the_model():
 
 @pytest.mark.parametrize("grad_mode", ["partime", "stash", "weight-stash", "graph-stash"])
 def test_skipped_samples_match_inline(grad_mode):
-    xs, ys = stream(30, holes=(0, 7, 8, 21, 29), infinite=(3, 8, 12, 13, 28))
+    xs, ys = nonfinite_stream(30, holes=(0, 7, 8, 21, 29), infinite=(3, 8, 12, 13, 28))
     kw = dict(loss_fn=scaled_loss, optimizer=OPTIMIZERS["sgd"], grad_mode=grad_mode, nonfinite="skip")
     inline, threaded = (run(executor, mlp(), BALANCES[3], xs, ys, **kw) for executor in ("inline", "thread"))
     assert [r.skipped for r in inline[0]] == [r.skipped for r in threaded[0]] and sum(r.skipped for r in inline[0]) == 9

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "torch_pipelining.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "torch_pipelining.py"
 TORCHRUN = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or shutil.which("torchrun")
 
 

@@ -380,4 +380,3 @@ def test_plan_with_a_depth_needs_a_sample() -> None:
 def test_plan_with_one_stage() -> None:
     p = plan(_five(), 1, torch.randn(1, 2))
     assert p.balance == (5,) and p.stage_times is not None and p.stage_times[0] > 0
-

@@ -51,7 +51,7 @@ GROUP = "SIGKILL-to-the-process-group"  # as `timeout -s KILL` or a job schedule
 def test_a_signal_to_the_caller_ends_it_with_its_workers_and_shared_memory(signum, tmp_path):
     script = tmp_path / "stream_forever.py"
     script.write_text(textwrap.dedent(SCRIPT))
-    tests = Path(__file__).parent
+    tests = Path(__file__).parents[1]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tests.parent / "src"), str(tests)]))
     # as from a terminal: a job that a shell started in the background (`make test &`) has SIGINT
     # ignored, and its children inherit that, so Ctrl-C's default is given back to the caller

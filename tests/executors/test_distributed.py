@@ -24,11 +24,11 @@ from models import (
     classification_stream,
     conv_net,
     mlp,
+    nonfinite_stream,
     reconstruction_loss,
+    scaled_loss,
     strided_frames,
 )
-from test_nonfinite import scaled_loss
-from test_nonfinite import stream as nonfinite_stream
 from torch import nn
 
 import partime
@@ -270,6 +270,7 @@ def launch(out, depth, scenario, timeout=90.0):
             LOCAL_WORLD_SIZE=str(depth),
             GLOO_SOCKET_IFNAME="lo",
             OMP_NUM_THREADS="1",
+            PYTHONPATH=os.pathsep.join([str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")]),
         )
         logs.append(Path(out, f"rank{rank}.log"))
         with open(logs[-1], "w") as log:

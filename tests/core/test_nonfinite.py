@@ -3,8 +3,7 @@ reported; the inline executor states it, the process executor matches it to the 
 
 import pytest
 import torch
-from models import classification_stream, mlp
-from torch import nn
+from models import mlp, nonfinite_stream, scaled_loss
 
 import partime
 
@@ -13,23 +12,6 @@ BALANCES = {1: [7], 2: [3, 4], 3: [2, 3, 2]}
 
 def sgd(params):
     return torch.optim.SGD(params, lr=0.05, momentum=0.9)
-
-
-def scaled_loss(out, target):
-    """Cross-entropy times a scale that comes with the target: an infinite scale, an infinite loss."""
-    y, scale = target
-    return nn.functional.cross_entropy(out, y) * scale.sum()
-
-
-def stream(n, holes=(), infinite=()):
-    """``n`` samples; those in ``holes`` have a NaN input, those in ``infinite`` an infinite loss."""
-    xs, ys = classification_stream(n)
-    scales = torch.ones(n, 1)
-    for s in holes:
-        xs[s, 0, 2] = float("nan")
-    for s in infinite:
-        scales[s] = float("inf")
-    return list(xs), list(zip(ys, scales))
 
 
 def run(executor, balance, xs, ys, **kw):
@@ -41,7 +23,7 @@ def run(executor, balance, xs, ys, **kw):
 
 def test_at_one_stage_a_skipped_sample_is_one_that_was_never_there():
     holes, infinite = (0, 4, 5), (2, 9)
-    xs, ys = stream(14, holes, infinite)
+    xs, ys = nonfinite_stream(14, holes, infinite)
     results, trained = run("inline", [7], xs, ys)
     kept = [s for s in range(14) if s not in holes + infinite]
     plain, plain_model = run("inline", [7], [xs[s] for s in kept], [ys[s] for s in kept])
@@ -58,20 +40,20 @@ def test_at_one_stage_a_skipped_sample_is_one_that_was_never_there():
 
 @pytest.mark.parametrize("grad_mode", ["partime", "stash", "weight-stash", "graph-stash"])
 def test_when_every_sample_is_skipped_no_stage_ever_steps(grad_mode):
-    xs, ys = stream(8, infinite=range(8))
+    xs, ys = nonfinite_stream(8, infinite=range(8))
     results, trained = run("inline", BALANCES[3], xs, ys, grad_mode=grad_mode)
     model = mlp()
     with torch.no_grad():
         assert all(r.skipped and torch.equal(r.output, model(x)) for r, x in zip(results, xs, strict=True))
     assert all(torch.equal(p, q) for p, q in zip(trained.parameters(), model.parameters()))
-    xs, ys = stream(8, holes=range(8))
+    xs, ys = nonfinite_stream(8, holes=range(8))
     results, trained = run("inline", BALANCES[3], xs, ys, grad_mode=grad_mode)
     assert [(r.index, r.output, r.loss, r.skipped) for r in results] == [(s, None, None, True) for s in range(8)]
     assert all(torch.equal(p, q) for p, q in zip(trained.parameters(), model.parameters()))
 
 
 def test_a_skipped_sample_leaves_the_others_alone_in_inference():
-    xs, _ = stream(6, holes=(0, 3))
+    xs, _ = nonfinite_stream(6, holes=(0, 3))
     with partime.Pipeline(mlp(), BALANCES[3], executor="inline", nonfinite="skip") as pipe:
         results = list(pipe.stream(xs))
     model = mlp()
@@ -84,7 +66,7 @@ def test_a_skipped_sample_leaves_the_others_alone_in_inference():
 @pytest.mark.parametrize("grad_mode", ["partime", "stash", "weight-stash", "graph-stash"])
 @pytest.mark.parametrize("depth", [1, 2, 3])
 def test_process_matches_inline_with_skipped_samples(depth, grad_mode):
-    xs, ys = stream(30, holes=(0, 7, 8, 21, 29), infinite=(3, 8, 12, 13, 28))
+    xs, ys = nonfinite_stream(30, holes=(0, 7, 8, 21, 29), infinite=(3, 8, 12, 13, 28))
     kw = dict(grad_mode=grad_mode, compensation="weight-prediction" if depth == 3 else ())
     inline, inline_model = run("inline", BALANCES[depth], xs, ys, **kw)
     process, process_model = run("process", BALANCES[depth], xs, ys, **kw)
@@ -104,7 +86,7 @@ def test_process_matches_inline_with_skipped_samples(depth, grad_mode):
 def test_a_checkpoint_with_skipped_samples_in_flight_resumes_exactly(tmp_path, executor, grad_mode):
     # Holes and gradients that will not come are in transit at the stop (samples 5-7 around tick 8),
     # and the targets fed last were used already (the holes that follow them have none).
-    xs, ys = stream(14, holes=(6, 7, 9), infinite=(5,))
+    xs, ys = nonfinite_stream(14, holes=(6, 7, 9), infinite=(5,))
     kw = dict(loss_fn=scaled_loss, optimizer=sgd, nonfinite="skip", grad_mode=grad_mode, threads=1)
 
     def play(pipe, samples):

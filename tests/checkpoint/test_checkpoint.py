@@ -34,7 +34,7 @@ STOPS = {
     "second segment": 12,
 }
 XS, YS = classification_stream(len(ACTIONS))
-TESTS = Path(__file__).parent
+TESTS = Path(__file__).parents[1]
 
 
 def learning(grad_mode="partime", opt="sgd", compensation=()):
