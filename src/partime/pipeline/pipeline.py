@@ -9,31 +9,35 @@ leaves the running of the stages to its executor.
 from __future__ import annotations
 
 import copy
+import logging
 import os
-import threading
-from collections.abc import Iterable, Iterator, Sequence
-from typing import Any
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 import torch
 from torch import nn
 
+from ..checkpoint import files as checkpoint
+from ..checkpoint.files import CheckpointError, layout_from_plain
 from ..core.boundary_layout import Result
-from ..core.boundary_values import ValueSpec
+from ..core.boundary_values import ValueSpec, copy_tensors, nonfinite
 from ..core.stage import DEFAULT_GRAD_MODE, LossFn, OptimizerFactory, StageConfig, takes_target
-from ..executors import EXECUTORS
+from ..errors import PipelineClosedError, StageError
+from ..executors import EXECUTORS, Executor
 from ..executors.base import LOOKAHEAD
 from ..executors.distributed.on_rank_0 import on_rank_0
 from ..learning.compensation import check_compensation
 from ..learning.optimizer_state import check_optimizer_factory
 from ..planning.balance import Balance
-from ..planning.partition import Partition
-from ..sources import MONOTONIC
+from ..planning.partition import Partition, plan, split
+from ..sources import MONOTONIC, Clock
 from ..traced.partition import describe
 from ..traced.tracing import boundary_specs, layers_of
 from . import arrivals
 from .argument_checks import Devices, check_arguments
-from .checkpointing import Checkpointing
-from .sample_reading import pair
+from .one_caller import OneCaller
+from .sample_reading import layout_of, pair
 from .sigterm import SigtermGuard
 
 # public here: partime.pipeline.SKIP_WINDOW and SKIP_SHARE (the skip-share warning: skip_warning)
@@ -42,14 +46,21 @@ from .skip_warning import SKIP_WINDOW as SKIP_WINDOW  # noqa: PLC0414
 from .skip_warning import SkipWatch
 from .state import PipelineState
 
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+log = logging.getLogger(__name__)
+
 _MISSING = object()
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
 TIMEOUT_S = 300.0
 """The default ``timeout``: five minutes, far longer than one tick of any model that keeps up with a
 stream (and than a worker's start), short enough that an unattended run does not hang for good."""
 
 
-class Pipeline(Checkpointing):
+class Pipeline:
     """``model`` cut into ``balance`` stages that run at once, each on its own sample.
 
     ``model`` is an ``nn.Sequential``, whose layers are its children, or any other module whose
@@ -153,8 +164,8 @@ class Pipeline(Checkpointing):
         random_state = torch.get_rng_state()
         with torch.random.fork_rng(devices=[]):
             self._pid = os.getpid()
-            self._status = "new"  # new -> open -> closed
-            self._executor = None
+            self._status: str = "new"  # new -> open -> closed
+            self._executor: Executor | None = None
             # the pipeline's own copy: the caller's model is never changed
             self._root = copy.deepcopy(model) if isinstance(model, nn.Module) else model
             layers = layers_of(self._root)  # the copy itself, or its traced graph's segments
@@ -183,7 +194,7 @@ class Pipeline(Checkpointing):
             self._threads = args.threads
             self._model = layers
             # "auto" chose its depth: from here on as balance=D (a checkpoint may have another cut of D)
-            self._balance = args.depth if isinstance(balance, str) else balance
+            self._balance: int | Sequence[int] = args.depth if isinstance(balance, str) else balance
             self._config = StageConfig(
                 depth,
                 loss_fn,
@@ -195,20 +206,65 @@ class Pipeline(Checkpointing):
                 random_state=random_state,
             )
             check_optimizer_factory(optimizer, self._config.compensation)
-            self._sigterm = SigtermGuard() if self._executor_class.child_processes else None
+            self._sigterm: SigtermGuard | None = SigtermGuard() if self._executor_class.child_processes else None
             self._state = PipelineState(supervised=takes_target(loss_fn) if loss_fn is not None else False)
-            self._partition = args.partition
+            self._partition: Partition | None = args.partition
             if self._partition is None and (not isinstance(balance, int) or sample is not None):
                 self._partition = self._plan(sample)
-            self._failure = None
+            self._failure: str | None = None
             self._skips = SkipWatch()
-            self._clock = MONOTONIC
-            self._caller = threading.Lock()
-            self._user = None
+            self._clock: Clock = MONOTONIC  # what results are timed on: the clock of the source streamed last
+            self._caller = OneCaller()
             # The distributed executor runs one stage per rank; on ranks > 0 the pipeline serves its stage.
             self._rank = self._executor_class.rank(depth)
 
     # -- public ---------------------------------------------------------------------------------
+
+    def open(self) -> Self:
+        """Make the pipeline ready for samples (its workers start at the first one)."""
+        if self._status != "new":
+            done = "opened" if self._status == "open" else "closed"
+            raise PipelineClosedError(f"this pipeline was already {done}; make a new one")
+        self._status = "open"
+        if self._sigterm is not None:
+            self._sigterm.install()
+        if self._rank > 0:  # serve this rank's stage until rank 0 closes the pipeline
+            self._guard(self._executor_class.serve, self._rank, self._model, self._config, self._threads)
+        return self
+
+    def close(self) -> None:
+        """Stop and join every worker; the results still inside the pipeline are dropped.
+
+        In a process made by ``os.fork()`` from the one that opened the pipeline, it only marks this
+        copy closed: the workers belong to that process.
+        """
+        was_open, self._status = self._status == "open", "closed"
+        if os.getpid() != self._pid:
+            return
+        if self._sigterm is not None:
+            self._sigterm.restore()  # first: a SIGTERM while the workers are joined ends the program
+        if self._executor is not None:
+            self._executor.close()
+        elif was_open and self._rank == 0:
+            self._executor_class.cancel(self._failure)  # ranks > 0 wait for the first sample
+
+    def __del__(self) -> None:
+        executor = getattr(self, "_executor", None)
+        if self._status == "open" and executor is not None and executor.has_workers and os.getpid() == self._pid:
+            warnings.warn(
+                f"an open partime Pipeline ({self._executor_class.__name__}) was garbage-collected; its "
+                "workers are stopped now. Close it: `with pipe:`, or pipe.close()",
+                ResourceWarning,
+                source=self,
+                stacklevel=2,
+            )
+            self.close()
+
+    def __enter__(self) -> Self:
+        return self.open()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
     @property
     def learning(self) -> bool:
@@ -263,14 +319,14 @@ class Pipeline(Checkpointing):
 
         Returns the result that left the pipeline during this tick, or None while it fills up.
         """
-        self._claim("step()")
+        self._caller.claim("step()")
         try:
             self._check_open()
             self._check_grad_mode("step()")
             self._feed(x, y)
             return self._take() if self._due() else None
         finally:
-            self._release()
+            self._caller.release()
 
     @on_rank_0(list)
     def flush(self) -> list[Result]:
@@ -278,11 +334,11 @@ class Pipeline(Checkpointing):
 
         When learning, every fed sample's gradient has been applied at every stage on return.
         """
-        self._claim("flush()")
+        self._caller.claim("flush()")
         try:
             return self._flush("flush()")
         finally:
-            self._release()
+            self._caller.release()
 
     def _flush(self, verb: str) -> list[Result]:
         self._check_open()
@@ -333,21 +389,21 @@ class Pipeline(Checkpointing):
         out, on the source's clock. A ``Paced`` source begins once the pipeline has taken its first
         sample (and started: its workers, the timing of its layers); a real one does not wait.
         """
-        self._check_free("stream()")
+        self._caller.check_free("stream()")
         reader = arrivals.inbox(xs, when_behind)  # refuses a policy it does not know, at once
         return self._stream(reader, ys)
 
     def _stream(self, reader: arrivals.Inbox, ys: Iterable[Any] | None) -> Iterator[Result]:
         try:
             self._check_open()
-            self._claim("stream()")
+            self._caller.claim("stream()")
         except BaseException:
             reader.close()
             raise
         try:
             yield from self._streamed(reader, ys)
         finally:
-            self._release()
+            self._caller.release()
 
     def _streamed(self, reader: arrivals.Inbox, ys: Iterable[Any] | None) -> Iterator[Result]:
         self._clock = reader.clock
@@ -385,6 +441,225 @@ class Pipeline(Checkpointing):
         if targets is not None and next(targets, _MISSING) is not _MISSING:
             raise ValueError(f"ys is longer than xs: xs ended after {state.next_index} samples")
         yield from self._flush("stream()")
+
+    @on_rank_0()
+    def state_dict(self) -> dict[str, Any] | None:
+        """The whole state of the pipeline between two ticks, as tensors and plain values.
+
+        It holds the weights, the optimizer states, the counters and everything in flight: the
+        forwards the stages keep for a late gradient, the activations and gradients on their way
+        to the next tick, the targets not used yet and the results that left the pipeline but were
+        not handed out. Loaded (``load_state_dict``) into a pipeline made with the same settings,
+        also in another process or with another executor, it goes on exactly as this one would.
+
+        Take it after ``step()`` or ``flush()``, or inside a ``stream()`` loop: there the pipeline
+        has fed one sample more than ``step()`` would have, and the result it has not handed out yet
+        is in the checkpoint and comes out first after loading; resume that stream from sample
+        ``fed``. Random layers (dropout) draw from their process's generator, which is not in it.
+        """
+        return self._checkpoint()
+
+    @on_rank_0()
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Go on from ``state`` (made by ``state_dict``) exactly as the pipeline it came from would.
+
+        This pipeline must have the same depth, cut, grad mode, compensation, loss kind and sample
+        layout (a ``CheckpointError`` names what differs, with both values) and a model of the same
+        architecture, whose weights are replaced. It may be new or open; if its stages are running
+        they stop, and stages start from ``state`` at the next sample or ``flush()``. A ``state``
+        whose parts contradict each other (``check_contents``), or whose identity or cut does not
+        fit this pipeline, raises a ``CheckpointError`` before anything of this pipeline changes.
+        """
+        self._check_checkpoints()
+        expected = self._identity()
+        if isinstance(self._balance, int):
+            expected["balance"] = None  # cut where the checkpoint was cut
+        checkpoint.check_state(state, expected)
+        balance = state["identity"]["balance"]
+        try:  # the model's own children, cut where the checkpoint was cut
+            modules = split(self._model, balance)
+        except (TypeError, ValueError) as exc:
+            raise CheckpointError(f"the checkpoint's cut does not fit this model: {exc}") from exc
+        state = copy_tensors(dict(state))
+        if self._executor is not None:
+            self._executor.close()
+            self._executor = None
+            self._state.layout = None
+        if self._partition is None or list(self._partition.balance) != balance:
+            self._partition = Partition(tuple(balance))
+        checkpoint.load_weights(modules, state)
+        self._state = checkpoint.from_checkpoint(state)
+
+    @on_rank_0()
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write ``state_dict()`` to ``path``, atomically: a crash leaves the previous file whole."""
+        checkpoint.save(self._checkpoint(), path)
+
+    @on_rank_0()
+    def load(self, path: str | os.PathLike[str]) -> None:
+        """``load_state_dict`` of the checkpoint in ``path``, read by ``checkpoint.load``: a
+        ``CheckpointError`` names the file (a missing one raises ``FileNotFoundError``)."""
+        state = checkpoint.load(path)
+        try:
+            self.load_state_dict(state)
+        except CheckpointError as exc:
+            raise CheckpointError(f"{path}: {exc}") from exc.__cause__
+
+    # -- internals ------------------------------------------------------------------------------
+
+    def _plan(self, sample: Any) -> Partition:
+        """The partition, timing layers (if it must) with the thread count each stage will have."""
+        before = torch.get_num_threads()
+        torch.set_num_threads(self._threads)
+        try:
+            return plan(self._model, self._balance, sample, learning=self._config.learning)
+        finally:
+            torch.set_num_threads(before)
+
+    def _check_open(self) -> None:
+        if os.getpid() != self._pid:
+            raise PipelineClosedError(
+                f"this pipeline was opened by process {self._pid}; this process ({os.getpid()}), made from it by "
+                "os.fork(), cannot use it (its workers belong to that process): make a new Pipeline here"
+            )
+        if self._status == "new":
+            raise PipelineClosedError("the pipeline is not open: use `with pipe:` (or pipe.open())")
+        if self._failure is not None:
+            raise PipelineClosedError(f"the pipeline stopped after an error: {self._failure}")
+        if self._status == "closed":
+            raise PipelineClosedError("the pipeline is closed; make a new one")
+
+    def _check_grad_mode(self, verb: str) -> None:
+        """A RuntimeError if the pipeline learns and ``verb`` was called where autograd is off."""
+        if not self._config.learning:
+            return
+        if torch.is_inference_mode_enabled():
+            where = "torch.inference_mode() (torch.is_inference_mode_enabled() is True)"
+        elif not torch.is_grad_enabled():
+            where = "torch.no_grad() (torch.is_grad_enabled() is False)"
+        else:
+            return
+        raise RuntimeError(
+            f"this pipeline learns, but {verb} was called under {where}, where its stages could build no "
+            "graph for the loss's gradient; nothing was fed. Call step(), stream() and flush() with "
+            "gradients on, and put torch.no_grad() around your metric code only: the pipeline's outputs "
+            "are detached already, so scoring them builds no graph"
+        )
+
+    def _running(self, x: Any, y: Any) -> Executor:
+        """The executor; started first, from sample ``x`` (and target ``y``) or the loaded
+        checkpoint, if it is not running yet."""
+        if self._executor is not None:
+            return self._executor
+        with torch.random.fork_rng(devices=[]):  # planning and starting draw nothing from the caller's stream
+            return self._guard(self._start, x, y)
+
+    def _start(self, x: Any, y: Any) -> Executor:
+        """Fix the partition and every boundary's layout from the first sample (or the loaded
+        checkpoint); start the executor."""
+        state = self._state
+        self._config.supervised = bool(state.supervised)
+        if self._partition is None:
+            self._partition = self._plan(x)
+            log.info("balanced: %s", self._partition)
+        stages = split(self._model, self._partition.balance)
+        resume, state.resume = state.resume, None
+        layout = layout_of(stages, x, state.y_spec) if resume is None else layout_from_plain(resume["layout"])
+        state.layout = layout
+        self._executor = executor = self._executor_class(
+            stages, self._devices, self._config, self._threads, self._timeout
+        )
+        if resume is None:
+            self._guard(executor.start, layout)
+        else:
+            self._guard(executor.start, layout, resume)
+        return executor
+
+    def _feed(self, x: Any, y: Any, at: float | None = None) -> None:
+        """Offer one sample, which arrived at ``at`` (now, if None): run one tick, without taking its result."""
+        if at is None:
+            at = self._clock.now()
+        self._check_open()
+        index = self._state.next_index
+        try:
+            self._state.check_sample(index, x, y, self._config.learning)
+            bad = nonfinite(x)
+            if bad is not None and self._config.nonfinite == "raise":
+                raise ValueError(f"sample {index} is not finite: {bad}; pass nonfinite='skip' to drop such samples")
+        except (TypeError, ValueError):
+            self._state.next_index += 1  # a refused sample uses up its index (see the class docstring)
+            raise
+        executor = self._running(x, y)
+        # a skipped sample goes in as a hole (None): the stages compute nothing on it
+        self._guard(executor.feed, index, None if bad is not None else x, y)
+        self._state.fed(index, y, at)
+
+    def _due(self) -> int:
+        """How many results have left the pipeline and not been handed out."""
+        return self._state.due(self.depth)
+
+    def _take(self) -> Result:
+        """The next result in sample order: a dropped sample's, or the next to leave the pipeline."""
+        state = self._state
+        if state.next_is_dropped():
+            return state.handed_out(state.dropped.popleft(), self._clock.now())
+        if state.held:
+            result = state.held.popleft()
+        else:
+            assert self._executor is not None, "no result is held, so the executor has started"
+            result = self._guard(self._executor.next_result)
+        state.handed_out(result, self._clock.now())
+        if self._config.nonfinite == "skip":
+            self._skips.note(result)
+        return result
+
+    def _guard(self, fn: Callable[_P, _R], *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        """Call into the executor; on a stage's failure close everything, then re-raise."""
+        try:
+            return fn(*args, **kwargs)
+        except BaseException as exc:
+            if isinstance(exc, StageError):
+                self._failure = str(exc).splitlines()[0]
+            else:
+                self._failure = f"{type(exc).__name__}: {exc}"
+            self.close()
+            raise
+
+    def _check_checkpoints(self) -> None:
+        if not self._executor_class.checkpoints:
+            raise NotImplementedError(
+                f"the {self._executor_class.__name__} cannot take or load checkpoints; "
+                "the inline, process and distributed executors can"
+            )
+        if self._failure is not None or self._status == "closed":
+            self._check_open()
+
+    def _identity(self) -> dict[str, Any]:
+        return checkpoint.identity_of(
+            self._state, self._config, None if self._partition is None else self._partition.balance
+        )
+
+    def _checkpoint(self) -> dict[str, Any]:
+        """``state_dict()`` on rank 0."""
+        self._check_checkpoints()
+        if self._state.resume is not None:  # loaded and not started yet: that is the state
+            resume: dict[str, Any] = copy_tensors(self._state.resume)
+            return resume
+        if self._executor is None:
+            if self._partition is None:
+                raise CheckpointError(
+                    "no checkpoint before the cut is known: with balance=D the layers are timed on the "
+                    "first sample; pass balance=[...] or sample=, or take it after the first step"
+                )
+            executor_state = checkpoint.unstarted(
+                split(copy.deepcopy(self._model), self._partition.balance), self._config
+            )
+        else:
+            self._guard(self._executor.sync)
+            while len(self._state.held) < self._due():  # out of the pipeline, not handed out yet
+                self._state.held.append(self._guard(self._executor.next_result))
+            executor_state = self._guard(self._executor.state_dict)
+        return checkpoint.to_checkpoint(self._state, self._identity(), executor_state)
 
 
 __all__ = ["EXECUTORS", "Pipeline", "Result"]
