@@ -1,7 +1,7 @@
 """Tests of the planner with hop costs (partime.planning.planner, partime.planning.hop_cost) and of ``balance="auto"``.
 
 The choices are tested on synthetic profiles with known answers and against brute force over
-every cut; the pipeline tests fix the profile (``partition.profile_layers``) where they need a
+every cut; the pipeline tests fix the profile (``planner.profile_layers``) where they need a
 particular depth, and otherwise only ask that the pipeline compute what inline computes at the
 depth it chose.
 """
@@ -17,11 +17,12 @@ import torch
 from torch import nn
 
 import partime
-from partime.planning import auto_check, partition, planner
+from partime.planning import auto_check, planner
 from partime.planning import hop_cost as hops
 from partime.planning.hop_cost import HopMeter, stage_hop
-from partime.planning.partition import Partition, best_split, plan, profile_layers
-from partime.planning.planner import AUTO_MARGIN, choose_depth
+from partime.planning.partition import Partition, best_split
+from partime.planning.planner import AUTO_MARGIN, choose_depth, plan
+from partime.planning.profiling import profile_layers
 
 
 def _balances(n: int, depth: int, forbidden: set[int]) -> list[tuple[int, ...]]:
@@ -259,7 +260,7 @@ def _same(a: list[partime.Result], b: list[partime.Result]) -> None:
 @pytest.fixture
 def four_equal_layers(monkeypatch: pytest.MonkeyPatch) -> None:
     """A profile of four layers of one second each, on four cores: "auto" takes four stages."""
-    monkeypatch.setattr(partition, "profile_layers", lambda *args, **kwargs: (1.0, 1.0, 1.0, 1.0))
+    monkeypatch.setattr(planner, "profile_layers", lambda *args, **kwargs: (1.0, 1.0, 1.0, 1.0))
     monkeypatch.setattr(planner, "usable_cores", lambda: 4)
     # and a stage's own tick, measured before "auto" keeps a pipeline, takes one second per layer too
     monkeypatch.setattr(auto_check, "_tick_seconds", lambda index, module, config, value: float(len(module)))
@@ -328,7 +329,7 @@ def test_plan_auto_times_each_depth_with_its_threads(monkeypatch) -> None:
         seen.append(torch.get_num_threads())
         return (1.0, 1.0, 1.0)
 
-    monkeypatch.setattr(partition, "profile_layers", profile)
+    monkeypatch.setattr(planner, "profile_layers", profile)
     monkeypatch.setattr(planner, "usable_cores", lambda: 3)
     p = plan(nn.Sequential(*_model()[:3]), "auto", torch.randn(4), threads=lambda d: 6 // d)
     assert seen == [6, 3, 2] and p.balance == (1, 1, 1)

@@ -10,7 +10,9 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from partime.planning.partition import Partition, best_split, check_balance, plan, profile_layers, split
+from partime.planning.partition import Partition, best_split, check_balance, split
+from partime.planning.planner import plan
+from partime.planning.profiling import profile_layers
 from partime.planning.steady_cut import CUT_NOISE, DELAY_SLACK
 
 # --- best_split ---------------------------------------------------------------------------

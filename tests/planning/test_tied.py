@@ -10,8 +10,9 @@ import torch
 from torch import nn
 
 import partime
-from partime.planning import partition
-from partime.planning.partition import best_split, check_balance, plan, split
+from partime.planning import planner
+from partime.planning.partition import best_split, check_balance, split
+from partime.planning.planner import plan
 from partime.planning.ties import Tie, tied_cuts
 
 
@@ -194,7 +195,7 @@ def test_plan_never_cuts_a_tie(monkeypatch: pytest.MonkeyPatch, learning: bool) 
     # With these times the fastest cut of all is [1, 4] (5 | 4), at a tied position; of the
     # allowed cuts (3 and 4), [3, 2] (7 | 2) is fastest, and no other is within 10% of it.
     model = _decoder_tied()
-    monkeypatch.setattr(partition, "profile_layers", lambda *args, **kwargs: (5.0, 1.0, 1.0, 1.0, 1.0))
+    monkeypatch.setattr(planner, "profile_layers", lambda *args, **kwargs: (5.0, 1.0, 1.0, 1.0, 1.0))
     assert best_split([5.0, 1.0, 1.0, 1.0, 1.0], 2) == (1, 4)
     p = plan(model, 2, torch.randn(8), learning=learning)
     assert p.balance == (3, 2) and p.stage_times == (7.0, 2.0)

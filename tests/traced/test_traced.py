@@ -15,9 +15,10 @@ from torch import nn
 
 import partime
 from partime.errors import StageError
-from partime.planning import partition
+from partime.planning import planner
 from partime.planning.hop_cost import stage_hop
-from partime.planning.partition import best_split, plan
+from partime.planning.partition import best_split
+from partime.planning.planner import plan
 from partime.planning.ties import tied_cuts
 from partime.tools.bench.models import resnet
 from partime.tools.cli import main
@@ -204,7 +205,7 @@ def test_the_balancer_cuts_a_traced_graph_at_its_known_optimum(monkeypatch):
     # enc1 .. pool_1 (12) | mid .. dec2 (12) | relu_3 .. head (10) is the one that reaches it
     convolutions = {"enc1", "enc2", "mid", "dec2", "dec1"}
     times = tuple(4.0 if n in convolutions else 2.0 if n.startswith("up") else 1.0 for n in tm.UNET_NODES)
-    monkeypatch.setattr(partition, "profile_layers", lambda *args, **kwargs: times)
+    monkeypatch.setattr(planner, "profile_layers", lambda *args, **kwargs: times)
     p = plan(layers, 3, torch.randn(1, 3, 8, 8))
     assert p.balance == (6, 5, 6) and p.stage_times == (12.0, 12.0, 10.0)
     assert max(p.stage_times) == _brute_force(times, 3)[0]

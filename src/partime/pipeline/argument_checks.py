@@ -4,7 +4,7 @@
 value and, where there is one, the fix, before anything is built; it returns what the pipeline
 keeps of them: the executor class, the depth, the devices (one device, or one per stage, each
 one this machine has), each stage's thread count and the timeout. With ``balance="auto"`` the depth is what the planner chooses on the sample, so there,
-once every other argument has passed, it plans the partition (``partition.plan``) and returns it.
+once every other argument has passed, it plans the partition (``planner.plan``) and returns it.
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ from ..executors import Executor, executor_class
 from ..learning.compensation import check_compensation
 from ..planning.auto_check import confirmed
 from ..planning.balance import AUTO, Balance
-from ..planning.partition import Partition, check_balance, plan
+from ..planning.partition import Partition, check_balance
+from ..planning.planner import plan
 
 # the pipeline's logger: its warnings read as the pipeline's, for those who configure that one
 log = logging.getLogger("partime.pipeline.pipeline")

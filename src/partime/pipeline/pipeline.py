@@ -30,7 +30,8 @@ from ..executors.distributed.on_rank_0 import on_rank_0
 from ..learning.compensation import check_compensation
 from ..learning.optimizer_state import check_optimizer_factory
 from ..planning.balance import Balance
-from ..planning.partition import Partition, plan, split
+from ..planning.partition import Partition, split
+from ..planning.planner import plan
 from ..sources import MONOTONIC, Clock
 from ..traced.partition import describe
 from ..traced.tracing import boundary_specs, layers_of

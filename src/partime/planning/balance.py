@@ -2,7 +2,7 @@
 
 ``check_balance`` promises that a balance it accepts cuts the model into contiguous, non-empty
 stages that keep tied tensors together (or is ``"auto"``: the planner chooses the depth too);
-``_is_int`` is the int test every balance check shares.
+``is_int`` is the int test every balance check shares.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def check_balance(model: nn.Sequential, balance: Balance) -> None:
                 "a number of stages (e.g. 2) or the layers of each stage (e.g. [2, 3])"
             )
         return
-    if _is_int(balance):
+    if is_int(balance):
         if balance < 1:
             raise ValueError(
                 f"cannot cut {n} layers into {balance} stages: there must be at least one stage "
@@ -67,7 +67,7 @@ def check_balance(model: nn.Sequential, balance: Balance) -> None:
     if len(balance) == 0:
         raise ValueError(f"balance is empty: give at least one stage (balance: [], layers: {n})")
     for i, b in enumerate(balance):
-        if not _is_int(b):
+        if not is_int(b):
             raise TypeError(
                 f"balance must hold ints, got {type(b).__name__} ({b!r}) at index {i} (balance: {list(balance)!r})"
             )
@@ -82,7 +82,7 @@ def check_balance(model: nn.Sequential, balance: Balance) -> None:
     check_ties(model, balance)
 
 
-def _is_int(x: object) -> TypeGuard[int]:
+def is_int(x: object) -> TypeGuard[int]:
     return isinstance(x, Integral) and not isinstance(x, bool)
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import math
 from collections import OrderedDict
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from numbers import Real
 
@@ -23,9 +23,8 @@ from torch import nn
 from ..traced.fused import fused
 from ..traced.tracing import balance_hint
 from . import balance as balance_rules
-from .balance import Balance, _is_int
+from .balance import Balance, is_int
 from .hop_cost import stage_hop
-from .profiling import Sample, profile_layers
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +49,7 @@ class Partition:
 
     def __post_init__(self) -> None:
         balance = tuple(self.balance)
-        if not balance or not all(_is_int(b) and b >= 1 for b in balance):
+        if not balance or not all(is_int(b) and b >= 1 for b in balance):
             raise ValueError(f"balance must be one or more positive ints, got {list(balance)}")
         object.__setattr__(self, "balance", tuple(int(b) for b in balance))
         n = sum(self.balance)
@@ -132,7 +131,7 @@ class Partition:
         times = self.predicted_times
         if times is None:
             return text
-        scale, unit = _time_unit(max(times))
+        scale, unit = time_unit(max(times))
         return text + ", predicted " + " / ".join(f"{t * scale:.2f}" for t in times) + f" {unit}"
 
     def summary(self) -> str:
@@ -142,7 +141,7 @@ class Partition:
         stages, hops, total, seq = self.stage_times, self.hop_costs, self.predicted_time, self.sequential_time
         if stages is None or hops is None or total is None or seq is None:
             return str(self)
-        scale, unit = _time_unit(max(total, seq))
+        scale, unit = time_unit(max(total, seq))
         lines = [f"{self.depth} stage{'s' if self.depth != 1 else ''}: {list(self.balance)} layers"]
         lines += [
             f"  stage {i}: {(c + h) * scale:.3f} {unit} per sample = {c * scale:.3f} compute + {h * scale:.3f} hop"
@@ -177,7 +176,7 @@ def split(model: nn.Sequential, balance: Sequence[int]) -> list[nn.Module]:
     training a stage trains the model, and running the stages one after another computes what
     the model computes.
     """
-    if _is_int(balance):
+    if is_int(balance):
         raise TypeError(
             f"split needs the layers of each stage, e.g. [2, 3], got the int {balance}; "
             "use plan() to choose them for a number of stages"
@@ -220,7 +219,7 @@ def best_split(
     bad = [t for t in times if not _seconds(t)]
     if n == 0 or bad:
         raise ValueError(f"layer_times must be one or more finite numbers >= 0, got {times}")
-    if not _is_int(depth) or not 1 <= depth <= n:
+    if not is_int(depth) or not 1 <= depth <= n:
         raise ValueError(f"cannot cut {n} layers into {depth!r} stages: depth must be an int from 1 to {n}")
     hops = None if hop_times is None else list(hop_times)
     if hops is not None and (len(hops) != n - 1 or not all(_seconds(t) for t in hops)):
@@ -228,7 +227,7 @@ def best_split(
     if not _seconds(overhead):
         raise ValueError(f"overhead must be a finite number of seconds >= 0, got {overhead!r}")
     banned = set(forbidden)
-    outside = [k for k in forbidden if not (_is_int(k) and 1 <= k < n)]
+    outside = [k for k in forbidden if not (is_int(k) and 1 <= k < n)]
     if outside:
         raise ValueError(f"forbidden cuts must be ints from 1 to {n - 1} for {n} layers, got {outside}")
     if depth - 1 > n - 1 - len(banned):
@@ -264,50 +263,12 @@ def best_split(
     return best[n][1]
 
 
-def plan(
-    model: nn.Sequential,
-    balance: Balance,
-    sample: Sample | None = None,
-    *,
-    learning: bool = False,
-    threads: Callable[[int], int] | None = None,
-) -> Partition:
-    """How to cut ``model``: ``balance`` as given if it lists layers per stage (not profiled); for a
-    number of stages D or ``"auto"``, the ``planner.plan_timed`` cut (and, for ``"auto"``, depth)
-    chosen on the child times (forward, and backward when ``learning``) and boundary costs profiled
-    on ``sample``, with its predictions. ``threads(D)`` is the torch thread count each of D stages
-    will run with, at which ``"auto"`` times the layers for D (default: the current count).
-
-    Either way no cut separates two children that share a tensor (``tied_cuts``): a list
-    balance that would is refused, and D stages are chosen among the cuts that do not.
-    """
-    check_balance(model, balance)
-    if isinstance(balance, Sequence) and not isinstance(balance, str):
-        partition = Partition(tuple(int(b) for b in balance))
-    else:
-        if sample is None:
-            later = "" if isinstance(balance, str) else ", or let the pipeline profile on the first streamed sample"
-            raise ValueError(
-                f"balance={balance!r} needs a sample to profile the model on to choose the cuts: "
-                f"pass sample={later}, or give the layers of each stage (e.g. balance=[2, 3])"
-            )
-        # the planner builds on Partition and best_split: imported here, not above
-        from .planner import plan_timed
-
-        def profile(on_output: Callable[[int, object], None] | None = None) -> tuple[float, ...]:
-            return profile_layers(model, sample, learning=learning, on_output=on_output)
-
-        partition = plan_timed(model, balance, profile, learning=learning, threads=threads)
-    log.info("partition: %s", partition)
-    return partition
-
-
 def _seconds(t: object) -> bool:
     """Whether ``t`` is a number of seconds: real, finite and >= 0."""
     return isinstance(t, Real) and not isinstance(t, bool) and math.isfinite(t) and float(t) >= 0
 
 
-def _time_unit(seconds: float) -> tuple[float, str]:
+def time_unit(seconds: float) -> tuple[float, str]:
     if seconds >= 1:
         return 1.0, "s"
     if seconds >= 1e-3:

@@ -20,8 +20,9 @@ import torch
 from torch import nn
 
 from . import hop_cost as hops
-from .balance import AUTO, _is_int
-from .partition import Partition, _time_unit, best_split
+from .balance import AUTO, Balance, is_int
+from .partition import Partition, best_split, check_balance, time_unit
+from .profiling import Sample, profile_layers
 from .steady_cut import steady_split
 from .ties import tied_cuts
 
@@ -66,7 +67,7 @@ def choose_depth(
     """
     overhead = hops.TICK_OVERHEAD_S if overhead is None else overhead
     hop_times = None if hop_times is None else tuple(hop_times)
-    if max_depth is not None and (not _is_int(max_depth) or max_depth < 1):
+    if max_depth is not None and (not is_int(max_depth) or max_depth < 1):
         raise ValueError(f"max_depth must be an int >= 1, got {max_depth!r}")
     if isinstance(layer_times, Mapping):
         profiles = {d: tuple(t) for d, t in layer_times.items()}
@@ -93,7 +94,7 @@ def choose_depth(
         cut = best_split(profiles[depth], depth, forbidden=forbidden, hop_times=hop_times, overhead=overhead)
         options.append(Partition(cut, profiles[depth], hop_times, overhead, seq))
     best = min(options, key=lambda p: (_predicted(p), p.depth))
-    scale, unit = _time_unit(seq)
+    scale, unit = time_unit(seq)
     said = f"predicted {unit} per sample: sequential {seq * scale:.3f}" + "".join(
         f", {p.depth} stages {_predicted(p) * scale:.3f}" for p in options[1:]
     )
@@ -211,3 +212,39 @@ def torch_threads(count: int) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(before)
+
+
+def plan(
+    model: nn.Sequential,
+    balance: Balance,
+    sample: Sample | None = None,
+    *,
+    learning: bool = False,
+    threads: Callable[[int], int] | None = None,
+) -> Partition:
+    """How to cut ``model``: ``balance`` as given if it lists layers per stage (not profiled); for a
+    number of stages D or ``"auto"``, the ``plan_timed`` cut (and, for ``"auto"``, depth)
+    chosen on the child times (forward, and backward when ``learning``) and boundary costs profiled
+    on ``sample``, with its predictions. ``threads(D)`` is the torch thread count each of D stages
+    will run with, at which ``"auto"`` times the layers for D (default: the current count).
+
+    Either way no cut separates two children that share a tensor (``tied_cuts``): a list
+    balance that would is refused, and D stages are chosen among the cuts that do not.
+    """
+    check_balance(model, balance)
+    if isinstance(balance, Sequence) and not isinstance(balance, str):
+        partition = Partition(tuple(int(b) for b in balance))
+    else:
+        if sample is None:
+            later = "" if isinstance(balance, str) else ", or let the pipeline profile on the first streamed sample"
+            raise ValueError(
+                f"balance={balance!r} needs a sample to profile the model on to choose the cuts: "
+                f"pass sample={later}, or give the layers of each stage (e.g. balance=[2, 3])"
+            )
+
+        def profile(on_output: Callable[[int, object], None] | None = None) -> tuple[float, ...]:
+            return profile_layers(model, sample, learning=learning, on_output=on_output)
+
+        partition = plan_timed(model, balance, profile, learning=learning, threads=threads)
+    log.info("partition: %s", partition)
+    return partition

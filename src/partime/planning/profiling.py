@@ -18,7 +18,7 @@ from torch import Tensor, nn
 
 from ..core.boundary_values import as_tensors
 from ..traced.segment import Segment
-from .balance import _is_int, check_balance
+from .balance import check_balance, is_int
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ def profile_layers(
     A sample that does not fit a traced model's forward (``traced_segment.Segment.check_sample``)
     is refused with that TypeError, which names the forward's inputs, before anything runs.
     """
-    if not _is_int(repeats) or repeats < 1 or not _is_int(warmup) or warmup < 0:
+    if not is_int(repeats) or repeats < 1 or not is_int(warmup) or warmup < 0:
         raise ValueError(f"need repeats >= 1 and warmup >= 0, got repeats={repeats!r}, warmup={warmup!r}")
     check_balance(model, 1)
     as_tensors(sample, "sample")

@@ -22,7 +22,7 @@ from typing import Any
 
 from torch import Tensor, fx, nn
 
-from .segment import Segment, _fill
+from .segment import Segment, fill
 
 
 class Fused(nn.Module):
@@ -34,7 +34,7 @@ class Fused(nn.Module):
         super().__init__()
         graph = fx.Graph()
         held: dict[str, Any] = {}
-        first = segments[0]._program
+        first = segments[0].program
         value = graph.placeholder("value")
         env: dict[str, Any] = {}
         if first.unpack:
@@ -43,7 +43,7 @@ class Fused(nn.Module):
         else:
             env[first.takes[0]] = value
         for segment in segments:
-            for step in segment._program.steps:
+            for step in segment.program.steps:
                 if step.name in env:  # a shape recomputed by each segment that uses it: once here
                     continue
                 if step.op == "constant":
@@ -54,10 +54,10 @@ class Fused(nn.Module):
                 if step.op == "get_attr":
                     env[step.name] = graph.get_attr(step.target)
                 else:
-                    args, kwargs = _fill(step.args, env), _fill(step.kwargs, env)
+                    args, kwargs = fill(step.args, env), fill(step.kwargs, env)
                     env[step.name] = graph.create_node(step.op, step.target, args, kwargs, name=step.name)
         last = segments[-1]
-        graph.output(_fill(last._program.gives, env))
+        graph.output(fill(last.program.gives, env))
         self.graph_module = fx.GraphModule(held, graph, class_name="FusedStage")
         self._first: Segment | None
         self._last: Segment
@@ -70,8 +70,8 @@ class Fused(nn.Module):
         if self._first is not None:  # the model's first nodes: a sample that does not fit is refused by name
             self._first.check_sample(value)
         out = self.graph_module(value)
-        gives = self._last._program.gives
-        values = out if type(gives) is tuple or (self._last._program.last and type(out) is tuple) else (out,)
+        gives = self._last.program.gives
+        values = out if type(gives) is tuple or (self._last.program.last and type(out) is tuple) else (out,)
         for k, v in enumerate(values):
             if not isinstance(v, Tensor):
                 ref = gives[k] if type(gives) is tuple else gives
@@ -91,6 +91,7 @@ def fused(stages: Sequence[nn.Module]) -> list[nn.Module]:
     (``Fused``); the stages of any other model as they are."""
     out: list[nn.Module] = []
     for stage in stages:
-        segments = [c for c in stage._modules.values() if isinstance(c, Segment)]
-        out.append(Fused(segments) if segments and len(segments) == len(stage._modules) else stage)
+        children = list(stage.children())
+        segments = [c for c in children if isinstance(c, Segment)]
+        out.append(Fused(segments) if segments and len(segments) == len(children) else stage)
     return out

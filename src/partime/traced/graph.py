@@ -207,7 +207,7 @@ def _hold(segment: Segment, model: nn.Module, target: str) -> None:
     owner = functools.reduce(getattr, path, model)
     obj = getattr(owner, field)
     persistent = field in owner._buffers and field not in owner._non_persistent_buffers_set
-    segment._hold(target, obj, persistent=persistent)
+    segment.hold(target, obj, persistent=persistent)
 
 
 def _layer_name(name: str, taken: OrderedDict[str, nn.Module]) -> str:

@@ -103,6 +103,11 @@ class Segment(nn.Module):
         self._program = Program(node, steps, takes, gives, unpack, first, last, dict(where or {}), forward or Forward())
 
     @property
+    def program(self) -> Program:
+        """What this segment runs: its steps, what it takes and what it gives."""
+        return self._program
+
+    @property
     def node(self) -> str:
         """The name of the node this segment computes."""
         return self._program.node
@@ -126,7 +131,7 @@ class Segment(nn.Module):
         if not fits:
             raise TypeError(self._bad_sample(sample))
 
-    def _hold(self, name: str, obj: nn.Module | Tensor, *, persistent: bool = True) -> None:
+    def hold(self, name: str, obj: nn.Module | Tensor, *, persistent: bool = True) -> None:
         """Hold ``obj`` (a module, a parameter, or a buffer or other tensor) as ``name`` (a dotted
         path in the model), making empty modules for the path's parts that are not held yet."""
         *path, field = name.split(".")
@@ -167,7 +172,7 @@ class Segment(nn.Module):
                     exc.add_note(f"partime: in node {step.name} of the traced model{self._at(step.name)}")
                 raise
         gives = program.gives
-        out = _fill(gives, env)
+        out = fill(gives, env)
         if type(gives) is tuple:
             pairs = list(zip(gives, out))
         else:  # one value: at the last segment, the output may be a node's tuple
@@ -187,7 +192,7 @@ class Segment(nn.Module):
             return functools.reduce(getattr, target.split("."), self)
         if op == "constant":
             return target
-        args, kwargs = _fill(step.args, env), _fill(step.kwargs, env)
+        args, kwargs = fill(step.args, env), fill(step.kwargs, env)
         if op == "call_module":
             return self.get_submodule(target)(*args, **kwargs)
         if op == "call_method":
@@ -245,17 +250,17 @@ def _kind(value: Any) -> str:
     return f"{'an' if name[0] in 'aeiouAEIOU' else 'a'} {name}"
 
 
-def _fill(template: Any, env: dict[str, Any]) -> Any:
+def fill(template: Any, env: dict[str, Any]) -> Any:
     """``template`` with every ``Ref`` replaced by its value in ``env`` (in tuples, lists, dicts, slices)."""
     kind = type(template)
     if kind is Ref:
         return env[template.name]
     if kind is tuple:
-        return tuple(_fill(a, env) for a in template)
+        return tuple(fill(a, env) for a in template)
     if kind is list:
-        return [_fill(a, env) for a in template]
+        return [fill(a, env) for a in template]
     if kind is dict:
-        return {k: _fill(v, env) for k, v in template.items()}
+        return {k: fill(v, env) for k, v in template.items()}
     if kind is slice:
-        return slice(_fill(template.start, env), _fill(template.stop, env), _fill(template.step, env))
+        return slice(fill(template.start, env), fill(template.stop, env), fill(template.step, env))
     return template

@@ -64,7 +64,7 @@ from ..driver import Driver
 from ..process.shared_memory import Aborted, wait
 from ..worker_loop import Links, Sent, Where, run_stage
 from .link import KIND_CHECKPOINT, KIND_PERMIT, KIND_SNAPSHOT, KIND_STATE, Permits
-from .plan import _config_key, _local, _Plan, _state_specs, _wires
+from .plan import Plan, config_key, local_channel, state_specs, wires
 from .ranks import CLOSE_S, Run, join_group
 from .serving import serve as serve_rank
 
@@ -103,14 +103,14 @@ class DistributedExecutor(Driver):
         depth, config = self.depth, self.config
         self._run = run = Run(0, depth)
         self._layout = layout
-        self._names = [[k for k, _ in _state_specs(s)] for s in self.stages]
+        self._names = [[k for k, _ in state_specs(s)] for s in self.stages]
         self.begin()
         self._seen_zero = self._synced = 0  # ticks stage 0 has finished, as sync counted them; ticks synced
-        plan = _Plan(
+        plan = Plan(
             tuple(len(cast(Sized, s)) for s in self.stages),  # layers: an nn.Sequential's or a traced run's
             layout,
-            _config_key(config),
-            tuple(_state_specs(s) for s in self.stages),
+            config_key(config),
+            tuple(state_specs(s) for s in self.stages),
             resumed=state is not None,
             random_state=None if config.random_state is None else config.random_state.numpy().tobytes(),
         )
@@ -119,17 +119,17 @@ class DistributedExecutor(Driver):
                 run.publish(f"resume {r}", to_bytes(stage_resume(state, r)))
         run.publish("plan", pickle.dumps(plan))
         run.wait_store("ready", self._waiting("every rank to take the plan"), least=depth - 1)
-        run.connect(_wires(plan, depth))
+        run.connect(wires(plan, depth))
         for r in range(1, depth):  # every rank starts with rank 0's weights
             run.links[f"control 0->{r}"].put(
                 KIND_STATE, 0, list(self.stages[r].state_dict().values()), check=run.health.check
             )
         last = depth == 1
-        self._inputs = _local(layout.input.tensors, CAPACITY, "input")
-        self._results = run.link("result") or _local(layout.output.tensors, CAPACITY, "result")
+        self._inputs = local_channel(layout.input.tensors, CAPACITY, "input")
+        self._results = run.link("result") or local_channel(layout.output.tensors, CAPACITY, "result")
         self._targets = None
         if layout.target is not None:
-            self._targets = run.link("target") or _local(layout.target.tensors, depth + 1 + LOOKAHEAD, "target")
+            self._targets = run.link("target") or local_channel(layout.target.tensors, depth + 1 + LOOKAHEAD, "target")
         self._feeder = Feeder(self._inputs, self._targets, depth)
         self._permit_zero, self._ticks_zero = Permits(0), threading.Semaphore(0)
         links = Links(

@@ -1,8 +1,8 @@
 """What rank 0 of the distributed executor tells every rank, and the links that follows from it (internal module).
 
-``_Plan`` is published in the store at the first sample; from it every rank derives the same
-list of links, in the same order (``_wires``), and checks that it was given the same pipeline.
-``_local`` makes a channel between two threads of rank 0, where a link would join two ranks.
+``Plan`` is published in the store at the first sample; from it every rank derives the same
+list of links, in the same order (``wires``), and checks that it was given the same pipeline.
+``local_channel`` makes a channel between two threads of rank 0, where a link would join two ranks.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from .ranks import Wire
 
 
 @dataclass(frozen=True)
-class _Plan:
+class Plan:
     """What rank 0 tells every rank at the first sample."""
 
     balance: tuple[int, ...]
@@ -35,11 +35,11 @@ class _Plan:
     random_state: bytes | None = None  # rank 0's random state when its pipeline was made: every stage's origin
 
 
-def _state_specs(module: nn.Module) -> tuple[tuple[str, TensorSpec], ...]:
+def state_specs(module: nn.Module) -> tuple[tuple[str, TensorSpec], ...]:
     return tuple((k, TensorSpec(tuple(v.shape), v.dtype)) for k, v in module.state_dict().items())
 
 
-def _config_key(config: StageConfig) -> dict[str, Any]:
+def config_key(config: StageConfig) -> dict[str, Any]:
     return dict(
         learning=config.learning,
         supervised=bool(config.supervised),
@@ -48,7 +48,7 @@ def _config_key(config: StageConfig) -> dict[str, Any]:
     )
 
 
-def _wires(plan: _Plan, depth: int) -> list[Wire]:
+def wires(plan: Plan, depth: int) -> list[Wire]:
     """Every link of the pipeline ``plan`` describes, in the order every rank makes them."""
     layout, learning, supervised = plan.layout, plan.config["learning"], plan.config["supervised"]
     acts = layout.activations
@@ -67,6 +67,6 @@ def _wires(plan: _Plan, depth: int) -> list[Wire]:
     return wires
 
 
-def _local(specs: Sequence[TensorSpec], capacity: int, name: str) -> Channel:
+def local_channel(specs: Sequence[TensorSpec], capacity: int, name: str) -> Channel:
     """A ``transport.Channel`` between two threads of rank 0 (threads share the GIL: no spinning)."""
     return Channel(SimpleNamespace(Semaphore=threading.Semaphore), specs, capacity, name=name, spin_s=0)

@@ -1,6 +1,6 @@
 """The distributed executor on ranks > 0: serve one stage of the pipeline rank 0 starts (internal module).
 
-``serve`` waits for rank 0's plan (``distributed_plan._Plan``), checks that this rank was given
+``serve`` waits for rank 0's plan (``distributed_plan.Plan``), checks that this rank was given
 the same pipeline, takes rank 0's weights and runs ``worker.run_stage`` until rank 0 closes the
 pipeline; meanwhile it answers rank 0's control link (permits, snapshots, checkpoints, close).
 """
@@ -21,7 +21,7 @@ from ...planning.partition import check_balance, split
 from ..process.shared_memory import POLL_S, Aborted, Message, wait
 from ..worker_loop import Links, Sent, SentLog, Where, run_stage
 from .link import KIND_CHECKPOINT, KIND_CLOSE, KIND_PERMIT, KIND_SNAPSHOT, KIND_STATE, Permits
-from .plan import _config_key, _Plan, _state_specs, _wires
+from .plan import Plan, config_key, state_specs, wires
 from .ranks import Run
 
 
@@ -34,7 +34,7 @@ def serve(rank: int, model: nn.Sequential, config: StageConfig, threads: int) ->
     run = Run(rank, config.depth)
     health = run.health
     plan = run.wait_store("plan", health.check)
-    if not isinstance(plan, _Plan):
+    if not isinstance(plan, Plan):
         if plan is not None:
             raise PipelineClosedError(f"rank 0 stopped before its first sample: {plan}")
         return
@@ -92,7 +92,7 @@ def serve(rank: int, model: nn.Sequential, config: StageConfig, threads: int) ->
 
     before, where = torch.get_num_threads(), Where()
     try:
-        run.connect(_wires(plan, config.depth), control)
+        run.connect(wires(plan, config.depth), control)
         while not loaded.wait(POLL_S):
             health.stop_check()
         torch.set_num_threads(threads)
@@ -129,16 +129,16 @@ def serve(rank: int, model: nn.Sequential, config: StageConfig, threads: int) ->
         raise health.error()
 
 
-def _check_plan(plan: _Plan, rank: int, module: nn.Module, config: StageConfig) -> None:
+def _check_plan(plan: Plan, rank: int, module: nn.Module, config: StageConfig) -> None:
     """A ValueError unless this rank was given the pipeline rank 0 was given."""
-    ours, theirs = _config_key(config), dict(plan.config)
+    ours, theirs = config_key(config), dict(plan.config)
     ours.pop("supervised"), theirs.pop("supervised")  # rank 0 alone sees the targets
     if ours != theirs:
         raise ValueError(
             f"rank {rank} was given another pipeline than rank 0: {ours} on rank {rank}, {theirs} on rank 0"
         )
-    if _state_specs(module) != plan.states[rank]:
-        here, there = ([f"{k} {s}" for k, s in specs] for specs in (_state_specs(module), plan.states[rank]))
+    if state_specs(module) != plan.states[rank]:
+        here, there = ([f"{k} {s}" for k, s in specs] for specs in (state_specs(module), plan.states[rank]))
         raise ValueError(
             f"stage {rank} of the model differs between rank {rank} and rank 0: {here} on rank {rank}, "
             f"{there} on rank 0"

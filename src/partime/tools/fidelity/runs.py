@@ -43,7 +43,7 @@ from torch import Tensor, nn
 from ... import streams
 from ...errors import StageError
 from ...metrics import OnlineMetrics
-from ...planning.partition import plan
+from ...planning.planner import plan
 from ...pipeline.pipeline import Pipeline
 from .configs import (
     COMPENSATIONS,
