@@ -1,4 +1,4 @@
-"""Errors that partime raises (internal module; the public names are re-exported by ``partime``)."""
+"""Errors that partime raises (the public names are re-exported by ``partime``)."""
 
 from __future__ import annotations
 

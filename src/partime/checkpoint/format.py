@@ -1,6 +1,6 @@
 """What a partime checkpoint must hold: its format, and the checks that refuse a damaged one
 (``check_contents``) or one of another pipeline (``check_state``) with a ``CheckpointError``
-(internal module; ``partime.checkpoint.files`` re-exports what it defines).
+(``partime.checkpoint.files`` re-exports what it defines).
 
 The checks read plain values only, before anything is built from them, so that a damaged file never
 reaches the pipeline or its stages; each message names the part (``counters.taken``) and the values.

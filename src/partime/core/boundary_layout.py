@@ -1,5 +1,5 @@
 """What travels between the pipeline, its executors and their workers: every boundary's
-``Layout`` and each sample's ``Result`` (internal module, below ``executors``)."""
+``Layout`` and each sample's ``Result``."""
 
 from __future__ import annotations
 

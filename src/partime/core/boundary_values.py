@@ -1,4 +1,4 @@
-"""Values that cross a stage boundary: a tensor, or a flat tuple of tensors (internal module).
+"""Values that cross a stage boundary: a tensor, or a flat tuple of tensors.
 
 Every boundary of a pipeline (a sample, an activation between two stages, an output, a target)
 carries values of one fixed layout, learnt from the first sample. ``TensorSpec`` describes one

@@ -1,4 +1,4 @@
-"""What a stage sent during its last tick, in a checkpoint and back (internal module).
+"""What a stage sent during its last tick, in a checkpoint and back.
 
 At a tick boundary the values in transit are what each stage sent its neighbours during the tick
 before (``worker.Sent``), which they take at the next one. ``stage_answer`` is one stage's part of

@@ -1,4 +1,4 @@
-"""The tick schedule of SPEC.md as pure functions: no torch, no processes (internal module).
+"""The tick schedule of SPEC.md as pure functions: no torch, no processes.
 
 At tick ``t`` stage ``i`` of a pipeline of depth ``D``
 

@@ -1,4 +1,4 @@
-"""One stage of a pipeline: its forward, its loss, its gradient step (internal module).
+"""One stage of a pipeline: its forward, its loss, its gradient step.
 
 A ``Stage`` knows how to run one forward and one backward of its slice of the model under a
 grad mode; it knows nothing of ticks, processes or transport. Every executor drives the same

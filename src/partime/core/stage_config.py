@@ -1,4 +1,4 @@
-"""What configures a pipeline's stages, and the checks of it (internal module).
+"""What configures a pipeline's stages, and the checks of it.
 
 ``StageConfig`` is what every stage of one pipeline shares; ``GRAD_MODES`` and ``NONFINITE``
 are the values its ``grad_mode`` and ``nonfinite`` may take, ``DEFAULT_GRAD_MODE`` the grad mode

@@ -1,4 +1,4 @@
-"""How a learning stage steps: its optimizer and its delay compensation (internal module).
+"""How a learning stage steps: its optimizer and its delay compensation.
 
 ``make_learning`` builds, for stage ``index`` of a pipeline, the optimizer of its trainable
 parameters and the compensation objects that ``config.compensation`` chooses for its delay.

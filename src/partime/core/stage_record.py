@@ -1,4 +1,4 @@
-"""What a stage keeps of one forward, and its copy in a checkpoint (internal module).
+"""What a stage keeps of one forward, and its copy in a checkpoint.
 
 A ``Forward`` holds what the later product of a sample's gradient needs: its inputs (leaves),
 the weights it went forward with where the grad mode keeps them, and its graph while valid

@@ -1,4 +1,4 @@
-"""Executors: the ways a pipeline's stages can be run (internal package)."""
+"""Executors: the ways a pipeline's stages can be run."""
 
 from __future__ import annotations
 

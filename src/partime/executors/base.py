@@ -1,4 +1,4 @@
-"""What an executor is: the interface every way of running the stages implements (internal).
+"""What an executor is: the interface every way of running the stages implements.
 
 An executor runs the stages of one pipeline tick by tick, exactly as SPEC.md says, and hands
 back one ``Result`` per sample in sample order. The ``Pipeline`` validates what the user gives,

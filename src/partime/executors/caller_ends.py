@@ -1,4 +1,4 @@
-"""The caller's ends of a pipeline's links: samples and targets in, results out (internal module).
+"""The caller's ends of a pipeline's links: samples and targets in, results out.
 
 Every executor whose stages run in workers of their own feeds stage 0 and the last stage through a
 ``Feeder`` and reads the last stage's results with ``result_of``.

@@ -1,4 +1,4 @@
-"""The caller's side of an executor whose stages run in workers of their own (internal module).
+"""The caller's side of an executor whose stages run in workers of their own.
 
 The process and thread executors share it: their workers run ``worker.run_segment`` over links,
 and the caller drives them tick by tick. A worker starts a tick only once the caller has offered

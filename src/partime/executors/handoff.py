@@ -1,4 +1,4 @@
-"""Links and gates between threads of one process, by reference (internal module).
+"""Links and gates between threads of one process, by reference.
 
 ``Handoff`` has ``transport.Channel``'s ``put`` and ``get`` and ``Signal`` a semaphore's
 ``acquire`` and ``release``, for stages that run in threads of the caller's process (the thread

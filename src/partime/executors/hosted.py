@@ -1,4 +1,4 @@
-"""The last stage, run by the caller itself in its own thread (internal module).
+"""The last stage, run by the caller itself in its own thread.
 
 On a machine with as many cores as stages, a caller that only feeds samples and takes results is
 one process more than there are cores: it takes a core from a stage at every tick, and every

@@ -1,4 +1,4 @@
-"""The inline executor: SPEC.md written as plain code, in one thread (internal module).
+"""The inline executor: SPEC.md written as plain code, in one thread.
 
 Every stage runs in the caller's thread, one after another within a tick, with the messages of
 a tick (activations forward, gradients back) delivered at the next tick. While it is open the

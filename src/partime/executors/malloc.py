@@ -1,4 +1,4 @@
-"""Keep freed memory for reuse in the processes that run stages (internal module).
+"""Keep freed memory for reuse in the processes that run stages.
 
 A stage allocates its activations afresh at every tick and frees them a tick later. glibc's
 ``malloc`` serves a block above its mmap threshold (128 KiB at first, raised as such blocks are

@@ -1,4 +1,4 @@
-"""How a worker process gets its stage without running the caller's script again (internal module).
+"""How a worker process gets its stage without running the caller's script again.
 
 ``ByValue`` carries an object (a stage's module) into a process started by ``spawn`` as the bytes
 of cloudpickle, so that classes and functions of ``__main__`` (a notebook, ``python -c``, a script

@@ -1,4 +1,4 @@
-"""A stage's worker loop, whatever carries its messages (internal module).
+"""A stage's worker loop, whatever carries its messages.
 
 ``run_segment`` is the body of every executor whose stages run on their own (a process, a
 torch.distributed rank): a plain loop over the ticks of the schedule (``schedule.forward_sample``

@@ -1,4 +1,4 @@
-"""Staleness compensation: what a stage can do about learning from late gradients (internal).
+"""Staleness compensation: what a stage can do about learning from late gradients.
 
 Stage ``i`` of a pipeline of depth ``D`` applies each gradient ``τ_i = 2(D - 1 - i)`` steps
 after the forward it belongs to (SPEC.md). The remedies after the literature are options of

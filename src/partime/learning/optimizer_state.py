@@ -1,4 +1,4 @@
-"""Compensation that reads the optimizer's own state: SGD, SGD with momentum, Adam, AdamW (internal).
+"""Compensation that reads the optimizer's own state: SGD, SGD with momentum, Adam, AdamW.
 
 Stage ``i`` applies each gradient ``τ_i`` steps after the forward it belongs to
 (``compensation.delay``). The two remedies here use what the optimizer already knows about the

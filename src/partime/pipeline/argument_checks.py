@@ -1,4 +1,4 @@
-"""The checking of ``Pipeline``'s arguments, at construction (internal module).
+"""The checking of ``Pipeline``'s arguments, at construction.
 
 ``check_arguments`` raises the error a ``Pipeline`` made with bad arguments raises, naming the
 value and, where there is one, the fix, before anything is built; it returns what the pipeline

@@ -1,5 +1,5 @@
-"""What has arrived from a stream, and when: the reading side of ``when_behind`` (internal module,
-below ``pipeline``; ``newest`` serves a plain loop that reads a live source the same way).
+"""What has arrived from a stream, and when: the reading side of ``when_behind`` (``newest``
+serves a plain loop that reads a live source the same way).
 
 ``inbox(items, when_behind)`` opens one of three readers, each of which answers ``take()``: what
 arrived since the last take, waiting until something has (``Arrived``; empty once the stream ends),

@@ -1,4 +1,4 @@
-"""What the pipeline reads off the samples it is given (internal module).
+"""What the pipeline reads off the samples it is given.
 
 ``pair`` splits an item of a stream of ``(x, y)`` pairs, or raises a ValueError naming the
 sample; ``layout_of`` learns every boundary's ``Layout`` from the first sample, without changing

@@ -1,4 +1,4 @@
-"""SIGTERM while a process pipeline is open: an exception that closes it (internal module).
+"""SIGTERM while a process pipeline is open: an exception that closes it.
 
 A program killed by SIGTERM's default action runs no ``finally`` and no ``__exit__``. Its stage
 processes would still leave, each at its next wait, once they see their caller gone, and

@@ -1,4 +1,4 @@
-"""The warning that a run under ``nonfinite="skip"`` skips most of its samples (internal module).
+"""The warning that a run under ``nonfinite="skip"`` skips most of its samples.
 
 ``SkipWatch`` is told every result handed out; it logs one warning once more than ``SKIP_SHARE``
 of the last ``SKIP_WINDOW`` results were skipped, and one more only after the share has fallen

@@ -1,5 +1,5 @@
 """``PipelineState``: where a pipeline's stream stands, the part of it that a checkpoint keeps
-beside the stages' own states (internal module; ``checkpoint`` writes and reads it).
+beside the stages' own states.
 
 A segment is the run of samples fed since the last flush. Of its ``in_segment`` samples, the first
 ``in_segment - (D - 1)`` have left a pipeline of D stages; ``taken`` of those were handed out::

@@ -1,4 +1,4 @@
-"""Whether the pipeline ``balance="auto"`` chose is faster than the model as it is, measured (internal module).
+"""Whether the pipeline ``balance="auto"`` chose is faster than the model as it is, measured.
 
 The planner predicts a stage's time from its layers' forward (and backward) and the copies of its
 boundaries. A stage's tick holds more: when it learns, the grad mode keeps the forward's graph

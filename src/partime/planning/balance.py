@@ -1,4 +1,4 @@
-"""Whether a balance can cut a model (internal module).
+"""Whether a balance can cut a model.
 
 ``check_balance`` promises that a balance it accepts cuts the model into contiguous, non-empty
 stages that keep tied tensors together (or is ``"auto"``: the planner chooses the depth too);

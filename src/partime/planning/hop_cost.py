@@ -1,4 +1,4 @@
-"""What a boundary between two stages costs them, per tick (internal module).
+"""What a boundary between two stages costs them, per tick.
 
 A stage of a pipeline of two or more pays, at every tick, beyond its layers' compute: the Python
 work of the tick in its worker (``TICK_OVERHEAD_S``), and the copies of the tensors that cross

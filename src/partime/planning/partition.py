@@ -1,4 +1,4 @@
-"""How a model is cut into stages (internal module).
+"""How a model is cut into stages.
 
 A model is an ``nn.Sequential``; a *balance* says how many of its top-level children each
 stage gets, in order. ``check_balance`` says whether a balance can cut a model, ``split``

@@ -1,4 +1,4 @@
-"""How many stages, and where to cut, by predicted throughput (internal module).
+"""How many stages, and where to cut, by predicted throughput.
 
 A stage's predicted time per sample is its layers' compute plus what its boundaries cost it at
 every tick (``hops``: the Python work of a tick and the copies of what crosses each boundary it

@@ -1,4 +1,4 @@
-"""The time of each layer of a model (internal module).
+"""The time of each layer of a model.
 
 ``profile_layers`` promises one positive median time per top-level child of an
 ``nn.Sequential``, measured on a copy so that the model and the random state are left as they were.

@@ -1,4 +1,4 @@
-"""Tensors that children of a model share, and the cuts that would separate them (internal module).
+"""Tensors that children of a model share, and the cuts that would separate them.
 
 Two children of an ``nn.Sequential`` may hold the very same parameter or buffer (weight tying,
 or one module that appears twice). A cut between them would give two stages each their own

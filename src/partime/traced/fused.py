@@ -1,4 +1,4 @@
-"""A stage of a traced model, its segments fused into one fx ``GraphModule`` (internal module).
+"""A stage of a traced model, its segments fused into one fx ``GraphModule``.
 
 The ``Segment`` layers of a traced model (``traced_segment.py``) are what the balancer times and
 cuts: one per node, each taking and giving the values live across it. Run one after another they

@@ -1,4 +1,4 @@
-"""From a model's fx graph to an ``nn.Sequential`` of ``Segment`` layers (internal module).
+"""From a model's fx graph to an ``nn.Sequential`` of ``Segment`` layers.
 
 Every node of the graph is one of:
 

@@ -1,4 +1,4 @@
-"""What a cut of a traced model holds: its nodes, and what crosses each boundary (internal module).
+"""What a cut of a traced model holds: its nodes, and what crosses each boundary.
 
 ``TracedPartition`` is the ``Partition`` of a traced model (``partime.traced.tracing``), with the names of
 the nodes each stage computes and, for each boundary between stages, the values that cross it (by

@@ -1,4 +1,4 @@
-"""One node of a traced model, as a layer of an ``nn.Sequential`` (internal module).
+"""One node of a traced model, as a layer of an ``nn.Sequential``.
 
 ``partime.traced.tracing`` turns the fx graph of a model into an ``nn.Sequential`` of ``Segment`` modules,
 one per computing node, in the graph's order. A segment takes the values live before its node

@@ -1,4 +1,4 @@
-"""Any module whose forward can be traced, as layers that partime cuts (internal module).
+"""Any module whose forward can be traced, as layers that partime cuts.
 
 An ``nn.Sequential`` is cut between its children, as it is. Any other module is traced with
 torch.fx's symbolic tracer (``Tracer``): it needs no sample, it keeps the model's own submodules

@@ -1,4 +1,4 @@
-"""The distributed executor: one stage per torch.distributed rank, started by torchrun (internal module).
+"""The distributed executor: one stage per torch.distributed rank, started by torchrun.
 
 Every rank runs the same script under ``torchrun``; rank r hosts stage r, on ``cuda:LOCAL_RANK``
 where there are GPUs and on the CPU otherwise. Rank 0 reads the stream, so ``stream``, ``step``

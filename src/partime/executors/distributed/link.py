@@ -1,4 +1,4 @@
-"""A one-way link between two torch.distributed ranks: ``put`` on one, ``get`` on the other (internal module).
+"""A one-way link between two torch.distributed ranks: ``put`` on one, ``get`` on the other.
 
 A ``Link`` has ``transport.Channel``'s ``put``/``get``, so the shared stage loop
 (``worker.run_segment``) runs on it unchanged. Behind them, a process group of its own; ``put``

@@ -1,4 +1,4 @@
-"""``on_rank_0``: a method that runs only on rank 0 of the distributed executor (internal module).
+"""``on_rank_0``: a method that runs only on rank 0 of the distributed executor.
 
 Every other executor has one rank, 0, so there the method always runs.
 """

@@ -1,4 +1,4 @@
-"""What rank 0 of the distributed executor tells every rank, and the links that follows from it (internal module).
+"""What rank 0 of the distributed executor tells every rank, and the links that follows from it.
 
 ``Plan`` is published in the store at the first sample; from it every rank derives the same
 list of links, in the same order (``wires``), and checks that it was given the same pipeline.

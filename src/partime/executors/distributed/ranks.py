@@ -1,4 +1,4 @@
-"""What every rank of one pipeline shares: the process group, the links, the failure (internal module).
+"""What every rank of one pipeline shares: the process group, the links, the failure.
 
 Every rank runs the same script under ``torchrun`` and opens the same pipelines in the same order,
 so a count of them names each run's keys in the default process group's store, and every rank

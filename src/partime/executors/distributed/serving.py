@@ -1,4 +1,4 @@
-"""The distributed executor on ranks > 0: serve one stage of the pipeline rank 0 starts (internal module).
+"""The distributed executor on ranks > 0: serve one stage of the pipeline rank 0 starts.
 
 ``serve`` waits for rank 0's plan (``distributed_plan.Plan``), checks that this rank was given
 the same pipeline, takes rank 0's weights and runs ``worker.run_stage`` until rank 0 closes the

@@ -1,4 +1,4 @@
-"""The process executor: one OS process per stage but the last, which the caller runs (internal module).
+"""The process executor: one OS process per stage but the last, which the caller runs.
 
 Stages 0 to D-2 run each in its own process (``spawn``), with its own torch thread count; the
 last stage runs in the caller itself (``hosted.py``: on a machine with a core per stage, the

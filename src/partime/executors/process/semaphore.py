@@ -1,4 +1,4 @@
-"""A POSIX semaphore shared with spawned processes, whose name is unlinked once they hold it (internal module).
+"""A POSIX semaphore shared with spawned processes, whose name is unlinked once they hold it.
 
 A process started by ``spawn`` cannot inherit a semaphore: it opens it by its name, in
 ``/dev/shm``, while it unpickles its arguments. multiprocessing's own semaphores keep that name

@@ -1,4 +1,4 @@
-"""Hand tensors from one process to another through shared memory (internal module).
+"""Hand tensors from one process to another through shared memory.
 
 A ``Channel`` is a bounded ring of ``capacity`` slots, preallocated in shared memory, between
 exactly one producer process and one consumer process::

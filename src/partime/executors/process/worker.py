@@ -1,4 +1,4 @@
-"""The body of a process executor's worker, and what it is started with (internal module).
+"""The body of a process executor's worker, and what it is started with.
 
 A worker rebuilds its stage (``spawning.ByValue``), resumes it from its part of a checkpoint if it
 has one, reports that it is ready, and runs ``worker.run_stage`` over its channels until the

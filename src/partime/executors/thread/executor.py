@@ -1,4 +1,4 @@
-"""The thread executor: one thread per stage, in the caller's process (internal module).
+"""The thread executor: one thread per stage, in the caller's process.
 
 Each stage but the last runs ``worker.run_stage`` (the loop the process executor's workers run) in
 a thread of its own, and the caller runs the last one in its own thread (``hosted.py``), over
