@@ -23,7 +23,7 @@ gives exactly the results of a run that never stopped::
 
 Everything in it is a tensor, a number, a string, a bool, None, or a list or dict of those, so
 ``torch.load(weights_only=True)`` reads it without running any code. ``load`` and
-``load_state_dict`` refuse one whose parts contradict each other (``check_contents``, in ``checkpoint_check``) with a
+``load_state_dict`` refuse one whose parts contradict each other (``check_contents``, in ``checkpoint.format``) with a
 ``CheckpointError``, before anything of the pipeline changes: a damaged file never reaches the stages.
 
 Under the distributed executor rank 0 holds the checkpoint (it gathers every rank's part) and

@@ -16,7 +16,7 @@ A tick of stage i has two halves, in this order:
   takes no step, and passes the ``Skip`` back.
 
 Stage 0 sends no gradient back. The inline executor runs both halves of every stage in order within
-a tick and delivers what they send at the next tick; a worker (``worker.run_segment``) wraps them
+a tick and delivers what they send at the next tick; a worker (``worker_loop.run_segment``) wraps them
 with the blocking receives and sends of its links. Neither restates this rule.
 """
 
@@ -46,19 +46,20 @@ class Skip:
     sample: int
 
 
-Message = Data | Skip
+Passed = Data | Skip
+"""What a stage passes a neighbour in a tick: a value, or the hole of a skipped sample."""
 
 
 @dataclass(frozen=True, slots=True)
 class Forwarded:
     """What a forward half sends: to the next stage, back to the one before, and out of the pipeline."""
 
-    activation: Message | None = None  # to the next stage; None at the last
-    gradient: Message | None = None  # back, from the last stage's loss; None elsewhere and at stage 0
+    activation: Passed | None = None  # to the next stage; None at the last
+    gradient: Passed | None = None  # back, from the last stage's loss; None elsewhere and at stage 0
     result: Result | None = None  # from the last stage
 
 
-def forward_half(stage: Stage, message: Message, last: bool, target: Callable[[], Any]) -> Forwarded:
+def forward_half(stage: Stage, message: Passed, last: bool, target: Callable[[], Any]) -> Forwarded:
     """Stage ``stage``'s forward half on ``message`` (see the module docstring); ``last`` if it is
     the last stage, and ``target()`` gives the sample's target (called once, only by a last stage
     that learns from a ``Data``)."""
@@ -74,13 +75,13 @@ def forward_half(stage: Stage, message: Message, last: bool, target: Callable[[]
     if not learning:
         return Forwarded(result=Result(s, out))
     learnt = stage.learn(s, target())
-    back: Message | None = None
+    back: Passed | None = None
     if not first:
         back = Skip(s) if learnt.skipped else Data(s, learnt.gradient)
     return Forwarded(gradient=back, result=Result(s, out, learnt.loss, skipped=learnt.skipped))
 
 
-def backward_half(stage: Stage, message: Message) -> Message | None:
+def backward_half(stage: Stage, message: Passed) -> Passed | None:
     """Stage ``stage``'s backward half on the gradient ``message``: what goes back to the stage
     before (None at stage 0)."""
     s = message.sample

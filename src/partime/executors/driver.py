@@ -1,6 +1,6 @@
 """The caller's side of an executor whose stages run in workers of their own.
 
-The process and thread executors share it: their workers run ``worker.run_segment`` over links,
+The process and thread executors share it: their workers run ``worker_loop.run_segment`` over links,
 and the caller drives them tick by tick. A worker starts a tick only once the caller has offered
 it (a permit per stage and tick) and counts each finished tick on another semaphore, so ``sync``
 knows when every stage is between the same two ticks (to read the weights, or take a
@@ -8,7 +8,7 @@ checkpoint), and a failure or a timeout can be placed: the caller knows every ti
 each stage's finished ticks, and the sample of each (``work_at``). What a subclass gives:
 
 - in ``start``: ``_permits`` and ``_ticks`` (one semaphore each per stage), ``_feeder``
-  (``worker.Feeder`` over the input and target links), ``_targets`` and ``_results`` (the last
+  (``caller_ends.Feeder`` over the input and target links), ``_targets`` and ``_results`` (the last
   stage's links), ``_layout``, ``_ready`` (whether each worker has built its stage), and
   ``begin()``; then ``stage_links`` gives each stage its links;
 - ``_check()``: raise a worker's failure, if there is one; ``_describe(i)``: stage ``i``'s worker in
@@ -27,12 +27,12 @@ from dataclasses import replace
 from typing import Any
 
 from ..core import schedule
-from ..core.in_flight import resume, stage_resume
 from ..core.stage import Stage
 from ..errors import StageTimeoutError
 from .base import Executor, Layout, Result, stage_error, with_deadline
 from .caller_ends import Feeder, result_of
 from .hosted import HostedStage, Local
+from .in_flight import resume, stage_resume
 from .process.shared_memory import wait
 from .worker_loop import Link, Links
 
@@ -113,7 +113,7 @@ class Driver(Executor):
     @staticmethod
     def resumed(stage: Stage, links: Links, state: dict[str, Any] | None) -> tuple[Links, int]:
         """The links and the tick ``stage`` starts its first segment on: ``links`` at tick 0, or where
-        the checkpoint ``state`` left it (``transit.resume``); a failure is the stage's ``StageError``."""
+        the checkpoint ``state`` left it (``in_flight.resume``); a failure is the stage's ``StageError``."""
         if state is None:
             return links, 0
         try:

@@ -1,6 +1,6 @@
 """Links and gates between threads of one process, by reference.
 
-``Handoff`` has ``transport.Channel``'s ``put`` and ``get`` and ``Signal`` a semaphore's
+``Handoff`` has ``shared_memory.Channel``'s ``put`` and ``get`` and ``Signal`` a semaphore's
 ``acquire`` and ``release``, for stages that run in threads of the caller's process (the thread
 executor) or in the caller itself (``hosted.py``).
 """
@@ -35,7 +35,7 @@ class Signal:
 
 
 class Handoff:
-    """A FIFO between two threads with ``transport.Channel``'s ``put`` and ``get``: the tensors go by
+    """A FIFO between two threads with ``shared_memory.Channel``'s ``put`` and ``get``: the tensors go by
     reference, made contiguous (with ``copy``, as copies of their own). It holds as many messages as
     are put: a stage sends at most one per tick offered, and the caller offers a tick only with a
     sample and takes each result when due, so no more than D + 2 are ever in it."""

@@ -4,7 +4,7 @@ On a machine with as many cores as stages, a caller that only feeds samples and 
 one process more than there are cores: it takes a core from a stage at every tick, and every
 sample costs a hand-over and a wake-up more. So the process executor runs its last stage in the
 caller (as the distributed executor's rank 0 hosts a stage beside its caller): each tick the
-caller offers, it runs that stage's tick itself (``worker.segment``, the loop every worker runs),
+caller offers, it runs that stage's tick itself (``worker_loop.segment``, the loop every worker runs),
 after the other stages' workers have been offered it. The results and the targets then go
 between the caller and that stage by reference (``Local`` links), and the last stage, which in
 learning does the least (its gradient is never late), carries the caller's own work between two
@@ -24,10 +24,10 @@ from typing import Any
 
 import torch
 
-from ..core.in_flight import stage_answer
 from ..core.stage import Stage
 from .base import stage_error
 from .handoff import Handoff
+from .in_flight import stage_answer
 from .malloc import keep_freed_memory
 from .process.shared_memory import Message
 from .worker_loop import Links, Sent, Where, segment
@@ -48,7 +48,7 @@ class Local(Handoff):
 
 
 class Count:
-    """A ``worker.Gate`` kept in the caller's thread: the hosted stage's count of finished ticks
+    """A ``worker_loop.Gate`` kept in the caller's thread: the hosted stage's count of finished ticks
     (and its permits, which nobody waits for: the caller runs each tick it offers)."""
 
     def __init__(self) -> None:
@@ -100,7 +100,7 @@ class HostedStage:
             raise stage_error(self.stage.index, self.where.sample, self.where.phase, exc) from exc
 
     def answer(self) -> dict[str, Any]:
-        """The stage's part of a checkpoint, between two ticks (``transit.stage_answer``)."""
+        """The stage's part of a checkpoint, between two ticks (``in_flight.stage_answer``)."""
         return stage_answer(self.stage, self.sent)
 
     def close(self) -> None:
@@ -108,7 +108,7 @@ class HostedStage:
         torch.set_num_threads(self._threads_before)
 
     def _segment(self, links: Links, tick: int) -> Generator[int, None, bool]:
-        """A segment's ticks (``worker.segment``), started up to its first tick."""
+        """A segment's ticks (``worker_loop.segment``), started up to its first tick."""
         ticks = segment(self.stage, links, self._checked, self.where, tick=tick, sent=self.sent)
         next(ticks)
         return ticks

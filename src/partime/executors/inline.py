@@ -29,7 +29,7 @@ from ..checkpoint.files import CheckpointError, message
 from ..core import schedule
 from ..core.boundary_values import as_tensors, rebuild
 from ..core.stage import Stage
-from ..core.tick import Data, Message, Skip, backward_half, forward_half
+from ..core.tick import Data, Passed, Skip, backward_half, forward_half
 from .base import Executor, Layout, Result, stage_error
 
 
@@ -37,8 +37,8 @@ class InlineExecutor(Executor):
     """Runs each tick of the schedule in the calling thread."""
 
     checkpoints = True
-    _acts: list[Message | None]  # into stage i, sent at tick - 1
-    _grads: list[Message | None]  # into stage i, from stage i + 1
+    _acts: list[Passed | None]  # into stage i, sent at tick - 1
+    _grads: list[Passed | None]  # into stage i, from stage i + 1
     _targets: dict[int, Any]
 
     def start(self, layout: Layout, state: dict[str, Any] | None = None) -> None:
@@ -61,7 +61,7 @@ class InlineExecutor(Executor):
         transit = None
         if self._fed:
 
-            def sent(value: Message | None) -> dict[str, Any] | None:
+            def sent(value: Passed | None) -> dict[str, Any] | None:
                 if value is None:
                     return None
                 return message(
@@ -83,7 +83,7 @@ class InlineExecutor(Executor):
         if transit is None:
             return
 
-        def value(sent: dict[str, Any] | None, spec: Any) -> Message | None:
+        def value(sent: dict[str, Any] | None, spec: Any) -> Passed | None:
             if sent is None:
                 return None
             if sent["tensors"] is None:
@@ -135,8 +135,8 @@ class InlineExecutor(Executor):
     def _run_tick(self, num_samples: int | None) -> None:
         """One tick: every stage's two halves (``tick``), in order; what they send lands next tick."""
         depth, tick, learning = self.depth, self._tick, self.config.learning
-        acts: list[Message | None] = [None] * depth
-        grads: list[Message | None] = [None] * depth
+        acts: list[Passed | None] = [None] * depth
+        grads: list[Passed | None] = [None] * depth
         for i, stage in enumerate(self._stages):
             last = i == depth - 1
             message = self._acts[i]
@@ -177,7 +177,7 @@ def _own(value: Any) -> Any:
     return copies[0] if isinstance(value, Tensor) else copies
 
 
-def _contiguous(message: Message) -> Message:
+def _contiguous(message: Passed) -> Passed:
     """``message`` with every tensor of its value contiguous (copied only where it is not)."""
     if isinstance(message, Skip):
         return message

@@ -9,14 +9,14 @@ stage how many samples the segment has. A ``tick.Skip`` (a sample skipped under
 ``nonfinite="skip"``) travels as a SKIP message.
 
 A link is anything with ``put(kind, index, tensors=(), scalar=0.0, *, check=None)`` and
-``get(*, check=None) -> Message`` (``transport.Channel`` is one); ``check`` is called while a
+``get(*, check=None) -> Message`` (``shared_memory.Channel`` is one); ``check`` is called while a
 link waits and raises to abort.
 
-The caller's ends of those links (samples and targets in, results out) are ``feeder.py``'s.
+The caller's ends of those links (samples and targets in, results out) are ``caller_ends.py``'s.
 
 For checkpoints, ``run_segment`` notes in a ``Sent`` what a stage sent its neighbours during its
 last tick (what they take at the next one: the values in transit at a tick boundary); a resumed
-stage starts at the checkpoint's tick with those values waiting on its links (``transit.py``).
+stage starts at the checkpoint's tick with those values waiting on its links (``in_flight.py``).
 """
 
 from __future__ import annotations
@@ -143,7 +143,7 @@ def run_stage(
 ) -> None:
     """A stage's life in its worker: segment after segment, the first one from ``tick`` on ``first``
     (a resumed stage's links, ``resume``), every other on ``links``, until ``check`` raises
-    (``transport.Aborted``: the run is over) or the stage fails (its exception, with ``where``)."""
+    (``shared_memory.Aborted``: the run is over) or the stage fails (its exception, with ``where``)."""
     run_segment(stage, first or links, check, where, tick=tick, sent=sent)
     while True:
         run_segment(stage, links, check, where, sent=sent)
@@ -220,7 +220,7 @@ def play_tick(
     sent: Sent,
     tick: int,
     n: int | None,
-    message: tick_rule.Message | None,
+    message: tick_rule.Passed | None,
 ) -> None:
     """Tick ``tick`` of stage ``links.index`` (of a segment of ``n`` samples, None while it is
     open): the forward half on ``message`` (None: no sample this tick), then the backward half if
@@ -245,7 +245,7 @@ def play_tick(
     sent.note(tick)
 
 
-def _message(received: Message, spec: ValueSpec) -> tick_rule.Message:
+def _message(received: Message, spec: ValueSpec) -> tick_rule.Passed:
     """The tick's message that a link's message of layout ``spec`` carries."""
     if received.kind == KIND_SKIP:
         return tick_rule.Skip(received.index)
@@ -259,7 +259,7 @@ def _target(links: Links, check: Callable[[], None]) -> Any:
     return rebuild(links.layout.target, links.targets.get(check=check).tensors)
 
 
-def _put(link: Any, message: tick_rule.Message, check: Callable[[], None]) -> tuple[int, tuple[Tensor, ...] | None]:
+def _put(link: Any, message: tick_rule.Passed, check: Callable[[], None]) -> tuple[int, tuple[Tensor, ...] | None]:
     """Send ``message`` on ``link``; what was sent, as ``Sent`` notes it."""
     if isinstance(message, tick_rule.Skip):
         link.put(KIND_SKIP, message.sample, check=check)

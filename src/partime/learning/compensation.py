@@ -11,11 +11,7 @@ optimizer's state (``"optimizer-prediction"``, ``"long-momentum"``, ``"spike"``)
     ``lr / (1 + τ_i) ** p``, ``p = STEP_SCALE_POWER = 1``. PipeMare's analysis (below) finds that
     the largest stable step shrinks as the delay grows; a step size that suits sequential
     learning best sits near the edge of stability, and there the delayed stages of the panning
-    camera diverge with every optimizer. With this option, plain SGD at lr 1 goes from 41 to 4
-    times sequential's loss at D = 8 (``partime fidelity``, 2 seeds); ``p = 0.5`` let the camera
-    diverge at D = 8 with SGD and momentum (1500 samples, seed 0). It costs where the step was
-    stable: on shuffled digits with SGD at D = 8 it is 9.7 points behind sequential, against 7.3
-    for ``delay-correction`` alone.
+    camera diverge with every optimizer.
 
 ``"lr-scale"``: delay-aware step size, after PipeMare (Yang et al., "PipeMare: Asynchronous
     Pipeline Parallel DNN Training", MLSys 2021, learning-rate rescheduling). Stage ``i`` steps
@@ -40,34 +36,14 @@ optimizer's state (``"optimizer-prediction"``, ``"long-momentum"``, ``"spike"``)
     ``[DELAY_CORRECTION_FLOOR, 1]``. When a unit's steps since the forward already went the way
     ``g_u`` asks (a digit held for several frames sends its gradient again and again),
     ``g_uᵀΔθ_u < 0`` and the late gradient is shrunk by how much of it was already applied. It is
-    never enlarged (allowed to, one factor for the whole stage lost half the accuracy on moving
-    digits at D = 8), and never shrunk below a quarter (without that floor, at D = 4 the first
-    convolution's factors fell to 0.02 while its gradients grew, and a seed collapsed to 43%).
-    It keeps one copy of the stage's weights per sample in flight (in ``weight-stash`` mode, the
-    copies that mode stashes already). ``λ = DELAY_CORRECTION_STRENGTH = 16`` and the floor
-    were chosen on moving digits at D = 8 (seeds 0 to 5; λ from 1 to 256) and checked on 12
-    other seeds; they suit SGD at that step size (0.07) and may not suit another.
+    never enlarged, and never shrunk below ``DELAY_CORRECTION_FLOOR``. It keeps one copy of the
+    stage's weights per sample in flight (in ``weight-stash`` mode, the copies that mode stashes
+    already). ``λ = DELAY_CORRECTION_STRENGTH`` and the floor were chosen with ``partime fidelity``
+    for plain SGD at lr 0.07, and may not suit another optimizer or step size.
 
 With ``D = 1`` every delay is 0 and each is exactly plain online learning.
 
-Measured with plain SGD at lr 0.07 (``partime fidelity``, moving digits at D = 8 with ``stash``,
-12 seeds, ``docs/fidelity-d8.md``): ``delay-correction`` brings the gap to sequential online learning from
-6.2 points (one seed collapsed) to 0.4, and on the shuffled control from 9.6 to 2.4;
-``lr-scale`` and ``weight-prediction`` widen it (11.9 and 10.1 points on moving digits). At
-D = 4 on moving digits ``delay-correction`` does worse than nothing (4.7 points against 1.7,
-3 seeds).
-
-Measured and not kept (moving digits, D = 8, ``stash``, 6 seeds unless said):
-
-- one factor for the whole stage, ``clip(1 + gᵀΔθ, 0, 1)`` (this option's first form): 1.9 points
-  behind; on 12 other seeds one of them collapsed (72 points behind);
-- DC-ASGD's own diagonal form, ``g + λ g ⊙ g ⊙ Δθ``: no gain at D = 4 and 8 (within noise in
-  five configurations);
-- one factor per row of each parameter (a filter's bias apart from its weights): 0.9 to 1.2 points;
-- ``λ`` divided by the root of the unit's recent mean squared gradient (DC-ASGD's adaptive
-  form): 1.4 points at best (λ 1 and 4 tried), 7.8 behind over the first eighth of the stream;
-- ``λ`` divided by that mean square itself, or by the current squared gradient (scale-free): 2.9
-  points at best, slower at first, when every gradient points the same way.
+Measurements, and the variants tried and not kept: docs/measured-and-not-kept.md.
 """
 
 from __future__ import annotations

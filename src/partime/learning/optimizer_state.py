@@ -41,17 +41,7 @@ step count and second moments. Both are exactly plain online learning at ``τ = 
     still moves the weights as fast (``(1 − d) / (1 − μ)`` is kept); Adam's average is normalised
     already. A stage with no delay keeps the user's coefficients.
 
-Measured (``partime fidelity``, README "Learning with delay", each optimizer at the step size best
-for sequential learning): with ``"step-scale"``, prediction and long momentum are what the default
-gives momentum and Adam: on the panning camera at D = 8 +856% and +1313% against +9194% and
-+14597% for plain ``stash``. Where each does worse:
-
-- ``"optimizer-prediction"`` alone does not keep the camera from diverging, and with Adam on
-  moving digits at D = 8 it is 14.3 points behind sequential, against 10.9 for plain ``stash``;
-- ``"long-momentum"`` on moving digits, where a digit is held for 10 frames: a longer momentum
-  aims further into the past (with Adam at D = 4, 15.9 points behind against 2.5 without it);
-- ``"spike"`` is the best on moving digits with momentum at D = 4 (2.5 behind) and, with Adam
-  at D = 8, the worst but ``partime`` mode (31.7 behind against 10.9 for plain ``stash``).
+Measurements: docs/measured-and-not-kept.md.
 """
 
 from __future__ import annotations

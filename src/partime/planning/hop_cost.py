@@ -26,11 +26,9 @@ from ..core.boundary_values import as_tensors
 TICK_OVERHEAD_S = 40e-6
 """Seconds of Python work per tick in a stage that neither layers nor copies account for: waiting
 on and posting the semaphores, writing and reading the message headers, the tick's bookkeeping
-and, at the last stage (which the caller runs), the caller's own work per sample. README's Speed
-measures the floor: two ``Linear(16, 16)`` stages run at 40 to 60 µs per sample on its 2-core VM,
-about 10 µs of it their layers. Charged to every stage of a pipeline of two or more, not to one
-stage alone (the model run as it is). A module constant, read when a cut is planned, so that a
-test can set it."""
+and, at the last stage (which the caller runs), the caller's own work per sample. Charged to every
+stage of a pipeline of two or more, not to one stage alone (the model run as it is). A module
+constant, read when a cut is planned. How it was measured: docs/measured-and-not-kept.md."""
 
 HOP_REPEATS = 5
 """How many timed copies of each boundary ``HopMeter`` takes the median of (after one untimed)."""

@@ -3,7 +3,7 @@
 A model is an ``nn.Sequential``; a *balance* says how many of its top-level children each
 stage gets, in order. ``check_balance`` says whether a balance can cut a model, ``split``
 makes the stages, ``profile_layers`` measures each child, ``best_split`` chooses the balance
-whose slowest stage, hops included (``hops``), is fastest, and ``plan`` puts these together
+whose slowest stage, hops included (``hop_cost``), is fastest, and ``plan`` puts these together
 (with ``planner`` for a number of stages or ``"auto"``) into a ``Partition``, which also says
 what each stage is predicted to take. No cut separates two children that share a tensor (see
 ``ties``).
@@ -37,7 +37,7 @@ class Partition:
     given, is the measured time in seconds of child ``k``; ``hop_times[k - 1]``, when given, the
     seconds per tick that the boundary at cut position ``k`` (before child ``k``) costs each stage
     beside it, and ``overhead`` the seconds per tick of a stage's own work in a pipeline of two or
-    more (see ``hops``); ``sequential_time`` the predicted seconds per sample of the whole model in
+    more (see ``hop_cost``); ``sequential_time`` the predicted seconds per sample of the whole model in
     one stage, by default ``sum(layer_times)``. All are validated on construction.
     """
 
@@ -103,7 +103,7 @@ class Partition:
 
     @property
     def hop_costs(self) -> tuple[float, ...] | None:
-        """Predicted seconds per tick each stage spends on its boundaries (``hops.stage_hop``), or None."""
+        """Predicted seconds per tick each stage spends on its boundaries (``hop_cost.stage_hop``), or None."""
         if self.layer_times is None:
             return None
         n = len(self.layer_times)
@@ -172,7 +172,7 @@ def split(model: nn.Sequential, balance: Sequence[int]) -> list[nn.Module]:
     """The stages of ``model`` cut by ``balance`` (layers per stage).
 
     Each stage is an ``nn.Sequential`` of a contiguous run of the model's children, in order,
-    under the model's own child names (a traced model's run of nodes: one ``traced_fused.Fused``). The children are the model's own modules, not copies:
+    under the model's own child names (a traced model's run of nodes: one ``traced.fused.Fused``). The children are the model's own modules, not copies:
     training a stage trains the model, and running the stages one after another computes what
     the model computes.
     """
@@ -199,7 +199,7 @@ def best_split(
     stage is fastest (exactly, not a heuristic).
 
     A stage's time is its layers' sum, plus, when ``hop_times`` or ``overhead`` is given, what its
-    boundaries cost it per tick (``hops.stage_hop``: ``overhead`` and the cost ``hop_times[k - 1]``
+    boundaries cost it per tick (``hop_cost.stage_hop``: ``overhead`` and the cost ``hop_times[k - 1]``
     of each boundary k it touches), so that the cut is the exact optimum with hops counted. Without
     them every stage time is its group sum.
 

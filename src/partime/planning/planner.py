@@ -1,7 +1,7 @@
 """How many stages, and where to cut, by predicted throughput.
 
 A stage's predicted time per sample is its layers' compute plus what its boundaries cost it at
-every tick (``hops``: the Python work of a tick and the copies of what crosses each boundary it
+every tick (``hop_cost``: the Python work of a tick and the copies of what crosses each boundary it
 touches); a pipeline's is that of its slowest stage, and one stage alone, the model as it is, pays
 no hop. ``choose_depth`` is the pure choice over such profiles: the depth and the cut whose
 slowest stage is fastest, unless no pipeline beats one stage by ``AUTO_MARGIN``. ``plan_timed``
@@ -61,7 +61,7 @@ def choose_depth(
     ``layer_times`` are the layer times, or for each depth those its stages would run at (with
     their thread count); ``hop_times[k - 1]`` is the cost per tick of the boundary at cut
     position k (None: free), ``overhead`` the work of a tick in a pipeline of two or more
-    (default ``hops.TICK_OVERHEAD_S``, read now). ``max_depth`` (default: the number of layers, or
+    (default ``hop_cost.TICK_OVERHEAD_S``, read now). ``max_depth`` (default: the number of layers, or
     the deepest a mapping gives) is lowered to what ``forbidden`` cut positions leave. Pure: no
     timing, no torch.
     """
@@ -151,7 +151,7 @@ def plan_timed(
     ``choose_depth`` up to ``usable_cores()`` (and the layers and tied cuts), each depth's layers
     timed with ``threads(depth)`` threads (once per distinct count; default: the current one); its
     cut is then the ``timed_cut`` for that depth. The tick's work is
-    ``hops.TICK_OVERHEAD_S``, read now.
+    ``hop_cost.TICK_OVERHEAD_S``, read now.
     """
     n, overhead = len(model), hops.TICK_OVERHEAD_S
     forbidden = frozenset(tied_cuts(model))

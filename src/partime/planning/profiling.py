@@ -49,9 +49,9 @@ def profile_layers(
     needs as much memory again as the model.
 
     ``on_output(k, output)``, if given, is called with each child's output once, in the last
-    repetition, outside the timed part (``hops.HopMeter`` times the boundaries so).
+    repetition, outside the timed part (``hop_cost.HopMeter`` times the boundaries so).
 
-    A sample that does not fit a traced model's forward (``traced_segment.Segment.check_sample``)
+    A sample that does not fit a traced model's forward (``traced.segment.Segment.check_sample``)
     is refused with that TypeError, which names the forward's inputs, before anything runs.
     """
     if not is_int(repeats) or repeats < 1 or not is_int(warmup) or warmup < 0:

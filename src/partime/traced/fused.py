@@ -1,6 +1,6 @@
 """A stage of a traced model, its segments fused into one fx ``GraphModule``.
 
-The ``Segment`` layers of a traced model (``traced_segment.py``) are what the balancer times and
+The ``Segment`` layers of a traced model (``segment.py``) are what the balancer times and
 cuts: one per node, each taking and giving the values live across it. Run one after another they
 would interpret their nodes one by one, packing and unpacking those values at every node: tens of
 microseconds per node, more than many a node computes. Once the cut is fixed, ``fused`` turns each

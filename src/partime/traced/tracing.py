@@ -7,8 +7,8 @@ torch.fx's symbolic tracer (``Tracer``): it needs no sample, it keeps the model'
 and BatchNorm's statistics are the module's own, and it gives a graph in topological order.
 ``torch.export`` would not do: it decomposes the model into aten ops and turns buffers into
 inputs and outputs of a functional graph, which loses the modules (and the identity of their
-tensors) that stages train, tie and hand back. ``traced_graph.build`` then makes the graph an
-``nn.Sequential`` of ``traced_segment.Segment`` layers, one per computing node, so that every
+tensors) that stages train, tie and hand back. ``traced.graph.build`` then makes the graph an
+``nn.Sequential`` of ``traced.segment.Segment`` layers, one per computing node, so that every
 executor, grad mode, checkpoint and the balancer work on it as on any ``nn.Sequential``; running
 them one after another runs the graph's own ops in its order, so the outputs are the model's to the
 bit on CPU (what crosses a cut between stages arrives as a contiguous copy: a view of another
@@ -418,7 +418,7 @@ def _named(node: fx.Node) -> str:
 
 
 def _forward_of(model: nn.Module) -> Forward:
-    """``model``'s forward, for messages about a sample (``traced_segment.Forward``)."""
+    """``model``'s forward, for messages about a sample (``traced.segment.Forward``)."""
     try:
         parameters = inspect.signature(model.forward).parameters.values()
     except (TypeError, ValueError):  # a forward Python cannot read the signature of

@@ -9,7 +9,7 @@ and ``flush`` return results there; the last rank sends them back::
                   stage 0 ◄──g── stage 1 ◄──g── … ◄──g── stage D-1 ◄──target── caller (rank 0)
     caller ──permits (learning), snapshot requests──► every rank ──weights──► caller
 
-Each stage runs ``worker.run_stage``, the loop the process executor's workers run: on rank 0 in a
+Each stage runs ``worker_loop.run_stage``, the loop the process executor's workers run: on rank 0 in a
 thread beside the caller (which only feeds samples and takes results), on the other ranks in the
 script's own thread, inside ``Pipeline.open`` (``with pipe:``), until rank 0 closes the pipeline.
 There ``stream`` then yields nothing, ``step`` returns None and ``flush`` []. When learning, a
@@ -23,10 +23,10 @@ the process group's store and sends each rank its stage's weights, so all ranks 
 Skipped samples (``nonfinite="skip"``) travel as the SKIP messages of ``run_segment``: rank 0 feeds
 a hole, and the links carry SKIPs with no tensors (or a result's output, for a skipped loss).
 
-Checkpoints: between two ticks rank 0 asks every rank for its part (``worker.stage_answer``: its
+Checkpoints: between two ticks rank 0 asks every rank for its part (``in_flight.stage_answer``: its
 stage's state and what it sent during the last tick), which each puts in the store, and gathers
 them in the format every executor shares (``executors/base.py``). A rank that runs ahead in
-inference answers with what it sent at that tick (``worker.SentLog``). A resumed pipeline puts
+inference answers with what it sent at that tick (``worker_loop.SentLog``). A resumed pipeline puts
 each rank's part in the store with the cut, and every stage starts at the checkpoint's tick.
 
 Communication: one link per direction and purpose (activations i→i+1, gradients i+1→i, results,
@@ -55,12 +55,12 @@ import torch
 from torch import nn
 
 from ...checkpoint.files import from_bytes, to_bytes
-from ...core.in_flight import executor_state, resume, stage_answer, stage_resume
 from ...core.stage import Stage, StageConfig
 from ...errors import StageTimeoutError
 from ..base import LOOKAHEAD, Layout, with_deadline
 from ..caller_ends import Feeder
 from ..driver import Driver
+from ..in_flight import executor_state, resume, stage_answer, stage_resume
 from ..process.shared_memory import Aborted, wait
 from ..worker_loop import Links, Sent, Where, run_stage
 from .link import KIND_CHECKPOINT, KIND_PERMIT, KIND_SNAPSHOT, KIND_STATE, Permits
@@ -192,7 +192,7 @@ class DistributedExecutor(Driver):
 
     def state_dict(self) -> dict[str, Any]:
         """Every stage's state and the values in transit, gathered on rank 0 between two ticks: each
-        rank puts its part (``worker.stage_answer``, by ``torch.save``) in the store."""
+        rank puts its part (``in_flight.stage_answer``, by ``torch.save``) in the store."""
         self.sync()
         run, check = self._run, self._waiting("every stage's part of the checkpoint")
         for r in range(1, self.depth):

@@ -1,7 +1,7 @@
 """A one-way link between two torch.distributed ranks: ``put`` on one, ``get`` on the other.
 
-A ``Link`` has ``transport.Channel``'s ``put``/``get``, so the shared stage loop
-(``worker.run_segment``) runs on it unchanged. Behind them, a process group of its own; ``put``
+A ``RankLink`` has ``shared_memory.Channel``'s ``put``/``get``, so the shared stage loop
+(``worker_loop.run_segment``) runs on it unchanged. Behind them, a process group of its own; ``put``
 sends at once, with a blocking ``send``, and at the other end a thread does nothing but blocking
 ``recv``s, one message after the other, into a mailbox that ``get`` reads.
 
@@ -102,8 +102,8 @@ def _frame_layout(specs: Sequence[TensorSpec], start: int) -> tuple[list[int], i
     return offsets, end
 
 
-class Link:
-    """One direction between two ranks, with ``put``/``get`` like ``transport.Channel``: a process
+class RankLink:
+    """One direction between two ranks, with ``put``/``get`` like ``shared_memory.Channel``: a process
     group of its own, the sender's ``put`` sending at once and a thread at the other end that
     receives every message as it comes.
 
@@ -169,7 +169,7 @@ class Link:
         A ValueError names the link and both layouts unless the tensors are the ones ``payload``
         gives for ``kind``. ``Aborted`` once the link is hung up or broken (a broken link is
         reported to the run's ``Health`` first, as the loss of the peer). ``check`` is there for
-        ``transport.Channel``'s signature: a send never waits for room.
+        ``shared_memory.Channel``'s signature: a send never waits for room.
         """
         specs = self.payload.get(KIND_DATA if self._packed and kind == KIND_SKIP else kind, ())
         got = tuple(TensorSpec(tuple(t.shape), t.dtype) for t in tensors)
@@ -285,7 +285,7 @@ class Link:
 
 
 class Permits(threading.Semaphore):
-    """The permits of a stage's ticks. ``transport.wait`` spins on non-blocking tries; here each
+    """The permits of a stage's ticks. ``shared_memory.wait`` spins on non-blocking tries; here each
     one lets the other threads of the process run, since one of them grants the permits."""
 
     def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:

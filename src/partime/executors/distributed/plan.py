@@ -68,5 +68,5 @@ def wires(plan: Plan, depth: int) -> list[Wire]:
 
 
 def local_channel(specs: Sequence[TensorSpec], capacity: int, name: str) -> Channel:
-    """A ``transport.Channel`` between two threads of rank 0 (threads share the GIL: no spinning)."""
+    """A ``shared_memory.Channel`` between two threads of rank 0 (threads share the GIL: no spinning)."""
     return Channel(SimpleNamespace(Semaphore=threading.Semaphore), specs, capacity, name=name, spin_s=0)

@@ -33,7 +33,7 @@ from ...core.boundary_values import TensorSpec
 from ...errors import StageError, WorkerDiedError
 from ..process.shared_memory import POLL_S, Aborted, Message
 from ..worker_loop import Where
-from .link import LINK_TIMEOUT_S, Link
+from .link import LINK_TIMEOUT_S, RankLink
 
 log = logging.getLogger(__name__)
 
@@ -180,7 +180,7 @@ class Run:
         # Activations go over NCCL between GPUs where the process group has it, else over gloo.
         nccl = self.device.type == "cuda" and "nccl" in str(dist.get_backend())
         self.wire = self.device if nccl else torch.device("cpu")
-        self.links: dict[str, Link] = {}
+        self.links: dict[str, RankLink] = {}
         self.groups: list[Any] = []
 
     def wait_store(self, key: str, check: Callable[[], None], least: int | None = None) -> Any:
@@ -210,7 +210,7 @@ class Run:
             self.groups.append(group)
             if self.rank in (wire.src, wire.dst):
                 sending = self.rank == wire.src
-                self.links[wire.name] = Link(
+                self.links[wire.name] = RankLink(
                     wire.name,
                     group,
                     wire.dst if sending else wire.src,
@@ -221,7 +221,7 @@ class Run:
                     deliver=control if wire.name.startswith("control") and not sending else None,
                 )
 
-    def link(self, name: str) -> Link | None:
+    def link(self, name: str) -> RankLink | None:
         return self.links.get(name)
 
     def close(self) -> None:

@@ -1,7 +1,7 @@
 """The distributed executor on ranks > 0: serve one stage of the pipeline rank 0 starts.
 
-``serve`` waits for rank 0's plan (``distributed_plan.Plan``), checks that this rank was given
-the same pipeline, takes rank 0's weights and runs ``worker.run_stage`` until rank 0 closes the
+``serve`` waits for rank 0's plan (``distributed.plan.Plan``), checks that this rank was given
+the same pipeline, takes rank 0's weights and runs ``worker_loop.run_stage`` until rank 0 closes the
 pipeline; meanwhile it answers rank 0's control link (permits, snapshots, checkpoints, close).
 """
 
@@ -14,10 +14,10 @@ import torch
 from torch import nn
 
 from ...checkpoint.files import from_bytes, to_bytes
-from ...core.in_flight import resume, stage_answer
 from ...core.stage import Stage, StageConfig
 from ...errors import PipelineClosedError
 from ...planning.partition import check_balance, split
+from ..in_flight import resume, stage_answer
 from ..process.shared_memory import POLL_S, Aborted, Message, wait
 from ..worker_loop import Links, Sent, SentLog, Where, run_stage
 from .link import KIND_CHECKPOINT, KIND_CLOSE, KIND_PERMIT, KIND_SNAPSHOT, KIND_STATE, Permits

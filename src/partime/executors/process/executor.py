@@ -9,7 +9,7 @@ caller feeds samples to stage 0 through a channel of its own::
     caller ──x──► stage 0 ──a──► stage 1 ──a──► … ──a──► stage D-1, in the caller ──result──► caller
                   stage 0 ◄──g── stage 1 ◄──g── … ◄──g── stage D-1 ◄──target── caller
 
-A worker runs ``worker.run_stage`` (the loop every executor with stages of their own shares)
+A worker runs ``worker_loop.run_stage`` (the loop every executor with stages of their own shares)
 over these channels. A worker starts a tick only when the caller has offered it (a permit semaphore)
 and counts its finished ticks on another, which is how ``sync`` knows that every stage is
 between the same two ticks. Every worker keeps the memory it frees for its next tick
@@ -28,7 +28,7 @@ processes later, even a SIGKILL of the whole process group.
 A failure in a worker travels back as data (stage, sample, phase, traceback); the worker then
 sets the stop flag, every other worker leaves at its next wait, and the caller raises the error
 as a ``StageError``. A worker that ends without a word (killed from outside) is noticed by the
-caller at its next wait (within ``transport.POLL_S``) and raised as a ``WorkerDiedError`` naming
+caller at its next wait (within ``shared_memory.POLL_S``) and raised as a ``WorkerDiedError`` naming
 the tick the stage had not finished and that tick's sample: the caller knows every tick it
 offered and counts each stage's finished ticks. With a ``timeout``, a caller that waits longer
 than that for any stage raises a ``StageTimeoutError`` naming the stage that is behind, and
@@ -57,12 +57,12 @@ import cloudpickle
 import torch.multiprocessing as mp
 
 from ...checkpoint.files import from_bytes, to_bytes
-from ...core.in_flight import executor_state, stage_resume
 from ...errors import StageError, WorkerDiedError
 from ..base import Layout, with_deadline
 from ..caller_ends import Feeder
 from ..driver import CAPACITY, JOIN_S, Driver
 from ..hosted import Count
+from ..in_flight import executor_state, stage_resume
 from ..spawning import ByValue, main_not_rerun
 from .semaphore import SharedSemaphore
 from .shared_memory import POLL_S, Channel, Flag

@@ -48,14 +48,15 @@ KIND_END = 2
 KIND_SKIP = 8
 """Sample ``index`` was skipped (``nonfinite="skip"``): a hole going forward (no tensors), a
 gradient that will not come going back, or a result without learning (its output, if any, and
-loss). (The distributed executor's control messages use kinds 3 to 7.)"""
+loss). (The distributed executor's control messages use other kinds, defined in
+``partime.executors.distributed.link``.)"""
 
 SPIN_S = 100e-6
 """How long a wait spins (non-blocking tries) before it blocks: a peer that answers within this
-time is met without a sleep and a cross-core wake-up (a 64 KB hop then costs ~14 µs instead of
-~50); a process that waits longer goes to sleep, so an idle stage costs no core. Between tries the
-spinner yields its core (``os.sched_yield``): with more processes than cores a pure spin would
-hold the core the peer needs, and every hop would cost the whole ``SPIN_S``."""
+time is met without a sleep and a cross-core wake-up; a process that waits longer goes to sleep,
+so an idle stage costs no core. Between tries the spinner yields its core (``os.sched_yield``):
+with more processes than cores a pure spin would hold the core the peer needs, and every hop would
+cost the whole ``SPIN_S``. What the spin saves, measured: docs/measured-and-not-kept.md."""
 
 _yield_core: Callable[[], None] = getattr(os, "sched_yield", lambda: None)  # not on Windows
 

@@ -1,7 +1,7 @@
 """The body of a process executor's worker, and what it is started with.
 
 A worker rebuilds its stage (``spawning.ByValue``), resumes it from its part of a checkpoint if it
-has one, reports that it is ready, and runs ``worker.run_stage`` over its channels until the
+has one, reports that it is ready, and runs ``worker_loop.run_stage`` over its channels until the
 caller stops it or is gone. Between two ticks it answers a request for its part of a checkpoint.
 It reports on a pipe of its own to the caller, as ``(kind, payload)``.
 """
@@ -18,8 +18,8 @@ import cloudpickle
 import torch
 
 from ...checkpoint.files import from_bytes, to_bytes
-from ...core.in_flight import resume, stage_answer
 from ...core.stage import Stage, StageConfig
+from ..in_flight import resume, stage_answer
 from ..malloc import keep_freed_memory
 from ..spawning import ByValue
 from ..worker_loop import Links, Sent, Where, run_stage

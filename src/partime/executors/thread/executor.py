@@ -1,6 +1,6 @@
 """The thread executor: one thread per stage, in the caller's process.
 
-Each stage but the last runs ``worker.run_stage`` (the loop the process executor's workers run) in
+Each stage but the last runs ``worker_loop.run_stage`` (the loop the process executor's workers run) in
 a thread of its own, and the caller runs the last one in its own thread (``hosted.py``), over
 links that hand values over by reference (``Handoff``): nothing is pickled, and nothing is copied between stages but to make a value contiguous where it is not (so that the next
 stage computes the bits the process executor's would). So a model built from classes defined in
@@ -14,7 +14,7 @@ count of finished ticks), so ``sync``, checkpoints and the naming of a late or f
 the same. A stage that raises stops every other at its next wait; the caller raises a
 ``StageError`` naming the stage, the sample and the phase, with the original exception as its
 ``__cause__``. Ctrl-C in the caller stops and joins every thread (each leaves at its next wait,
-within ``transport.POLL_S``, once its current tick's computation returns). A thread cannot be
+within ``shared_memory.POLL_S``, once its current tick's computation returns). A thread cannot be
 killed: one that a timeout found stuck is left behind (it is a daemon) with a warning.
 
 torch's threads: each stage thread sets torch's intra-op thread count for itself when it starts
@@ -24,12 +24,7 @@ the last one, and its own back at ``close``.
 Python's part of a tick (the loop, the modules' calls) runs one thread at a time under the GIL;
 torch's kernels release it, so stages overlap as much as their kernels dominate.
 
-How the CUDA executor will be added: the same threads, each issuing its stage's work on a CUDA
-stream of its own (``torch.cuda.stream``); a ``Handoff`` carries with each activation or gradient
-an event recorded on the sender's stream once the value is computed, and the receiver's stream
-waits on that event (``Stream.wait_event``) before using the value, so stages overlap on one GPU
-or run on several without a host synchronisation per tick; the caller synchronises only for the
-results it hands out. That code comes when a GPU can test it.
+Every stage runs on the CPU: ``check_devices`` refuses any other device (``cpu_only``).
 """
 
 from __future__ import annotations
@@ -42,7 +37,6 @@ from typing import Any
 
 import torch
 
-from ...core.in_flight import executor_state, stage_answer
 from ...core.stage import Stage
 from ...errors import StageError
 from ..base import Layout, stage_error
@@ -50,6 +44,7 @@ from ..caller_ends import Feeder
 from ..driver import JOIN_S, Driver
 from ..handoff import Handoff, Signal
 from ..hosted import Count
+from ..in_flight import executor_state, stage_answer
 from ..process.shared_memory import POLL_S, Aborted
 from ..worker_loop import Links, Sent, Where, run_stage
 
@@ -59,7 +54,7 @@ log = logging.getLogger(__name__)
 class ThreadExecutor(Driver):
     """Runs each stage in a thread of the caller's process; see the module docstring."""
 
-    cpu_only = True  # until the CUDA streams of the module docstring are written
+    cpu_only = True
     on_this_host = True
 
     def start(self, layout: Layout, state: dict[str, Any] | None = None) -> None:

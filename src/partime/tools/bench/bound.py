@@ -2,7 +2,7 @@
 
 A cut of D stages splits the model into D pieces (``pieces``): for an ``nn.Sequential``,
 ``model[a:b]`` for each stage's children ``(a, b)`` of ``Partition.bounds``; for a traced model
-(``--model resnet``), each stage's fused ``GraphModule`` (``traced_fused.Fused.graph_module``), the
+(``--model resnet``), each stage's fused ``GraphModule`` (``traced.fused.Fused.graph_module``), the
 Python code fx generates from the model's own graph between the stage's two cuts. A traced
 model's ``forward`` cannot be stopped part-way, so that graph module is the nearest to its own
 code between two nodes that there is; it holds the model's own modules and runs its nodes' own

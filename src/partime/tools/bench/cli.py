@@ -23,8 +23,8 @@ from .runner import OPTIMIZERS
 from .sweep import SIZES as SWEEP_SIZES
 
 DISTRIBUTED_LAYERS = 16
-"""The distributed bench's default number of blocks: at D = 2, stages of about 4.4 ms on the README's 2-core VM
-(the distributed executor's sends between ranks pay off for stages of 4 ms or more)."""
+"""The distributed bench's default number of blocks: stages at D = 2 long enough for the distributed
+executor's sends between ranks to pay off (measured: docs/measured-and-not-kept.md)."""
 
 
 def whole_numbers(

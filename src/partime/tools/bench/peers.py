@@ -9,7 +9,7 @@ round-robin and takes the results back in the same order, so they leave in sampl
     w1:                                  y1 = model(x1) ........ y3 = model(x3) ……
 
 Every worker holds up to ``in_flight`` frames (one running, the next waiting), so it never waits
-for the caller. Frames and results travel through ``transport.Channel`` rings whose semaphores
+for the caller. Frames and results travel through ``shared_memory.Channel`` rings whose semaphores
 (``semaphore.SharedSemaphore``) are unlinked once every worker holds them. A worker is a plain
 loop; a failure comes back as data (its sample and traceback) and the caller raises it as one
 ``ReplicaError``. Leaving the ``with`` block stops and joins every worker, also on an error.

@@ -44,8 +44,9 @@ from .runner import CLASSES, MODES, OPTIMIZERS, Progress, frames, median_ms, opt
 log = logging.getLogger(__name__)
 
 SIZES = (12, 24, 48, 72, 96)
-"""The default sweep of frame sizes: with the default ``conv3_net``, stages of about 0.2 ms to about
-8 ms at D = 2 in inference on a 2-core x86_64 VM (96x96 frames: activations of 880 KB)."""
+"""The default sweep of frame sizes: with the default ``conv3_net`` at D = 2, from stages short enough
+for a tick's own cost to matter to stages long enough for a pipeline to pay off (96x96 frames:
+activations of 880 KB). Stage times measured: docs/measured-and-not-kept.md."""
 
 DEPTHS = (2,)
 """The default pipeline depths (and number of replicas) of the sweep."""

@@ -1,7 +1,7 @@
 """What a stage sent during its last tick, in a checkpoint and back.
 
 At a tick boundary the values in transit are what each stage sent its neighbours during the tick
-before (``worker.Sent``), which they take at the next one. ``stage_answer`` is one stage's part of
+before (``worker_loop.Sent``), which they take at the next one. ``stage_answer`` is one stage's part of
 a checkpoint (its state and those values), ``executor_state`` puts every stage's part together in
 the format every executor shares (``executors/base.py``), and ``stage_resume`` and ``resume``
 give a stage back its part: its state, and its links with those values waiting on them.
@@ -17,9 +17,9 @@ from typing import Any
 from torch import Tensor
 
 from ..checkpoint.files import message as transit_message
-from ..executors.process.shared_memory import KIND_DATA, KIND_SKIP, Message
-from ..executors.worker_loop import Links, Sent
-from .stage import Stage
+from ..core.stage import Stage
+from .process.shared_memory import KIND_DATA, KIND_SKIP, Message
+from .worker_loop import Links, Sent
 
 
 def stage_answer(stage: Stage, sent: Sent) -> dict[str, Any]:
