@@ -73,3 +73,14 @@ def test_the_spec_shipped_with_the_repository_is_the_contract():
         assert title in contract, title
         if title not in SPEC_DIFFERENCES:
             assert text.strip() == contract[title].strip(), title
+
+
+def test_the_layout_names_every_module():
+    layout = README.read_text().split("## Layout\n", 1)[1]
+    package = README.parent / "src" / "partime"
+    missing = [
+        str(path.relative_to(package))
+        for path in sorted(package.rglob("*.py"))
+        if path.name != "__init__.py" and f"`{path.name}`" not in layout and path.name != "__main__.py"
+    ]
+    assert missing == []
