@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from partime.core.stage import Stage, StageConfig
-from partime.tools.bench.runner import conv3_net
+from partime.tools.bench.models import conv3_net
 
 torch.set_num_threads(1)
 torch.manual_seed(0)

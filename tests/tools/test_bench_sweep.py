@@ -18,9 +18,9 @@ from partime.tools.bench import latency as bench_latency
 from partime.tools.bench.bound import piece_alone, pieces, run_pieces
 from partime.tools.bench.contenders import Setting
 from partime.tools.bench.latency import Offered, latencies, percentile
-from partime.tools.bench.models import resnet
+from partime.tools.bench.models import conv3_net, resnet
 from partime.tools.bench.peers import ReplicaError, Replicas
-from partime.tools.bench.runner import CLASSES, OPTIMIZERS, conv3_net, frames
+from partime.tools.bench.runner import CLASSES, OPTIMIZERS, frames
 from partime.tools.bench.sweep import groups, round_order, sweep_steps
 from partime.tools.cli import main
 from partime.traced.tracing import layers_of

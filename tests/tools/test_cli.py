@@ -6,7 +6,8 @@ import math
 import torch
 from click.testing import CliRunner
 
-from partime.tools.bench.runner import conv_net, median_ms
+from partime.tools.bench.models import conv_net
+from partime.tools.bench.runner import median_ms
 from partime.tools.cli import main
 from partime.tools.demo.recorded import blob_video, run_demo
 

@@ -27,7 +27,7 @@ import psutil
 import torch
 from torch import nn
 
-from ..pipeline.pipeline import Pipeline
+from .. import Pipeline
 
 log = logging.getLogger(__name__)
 

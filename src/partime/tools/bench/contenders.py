@@ -31,10 +31,10 @@ from typing import Any, TypeVar
 import torch
 from torch import Tensor, nn
 
+from ... import Pipeline
 from ...core.boundary_values import as_tensors
 from ...core.stage import Stage, StageConfig
 from ...learning.compensation import check_compensation
-from ...pipeline.pipeline import Pipeline
 from ...planning.partition import Partition
 from ...planning.planner import torch_threads
 from ...traced.fused import fused

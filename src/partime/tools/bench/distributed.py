@@ -19,12 +19,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ... import Pipeline
 from ...core.boundary_values import TensorSpec
 from ...executors.distributed.link import LINK_TIMEOUT_S, RankLink
 from ...executors.distributed.ranks import Run, join_group
 from ...executors.process.shared_memory import KIND_DATA
-from ...pipeline.pipeline import Pipeline
-from .runner import CLASSES, conv_net, cpu_clocks, optimizer_named, others_busy, time_pipeline, time_sequential
+from .models import conv_net
+from .runner import CLASSES, cpu_clocks, optimizer_named, others_busy, time_pipeline, time_sequential
 
 
 def measure_link_hop(nbytes: int = 65536, rounds: int = 1000) -> dict[str, float] | None:

@@ -1,6 +1,7 @@
 """The models ``partime bench --sizes`` can stream, by name (``--model``).
 
-``conv`` is ``bench.conv3_net``, an ``nn.Sequential`` cut between its blocks; ``resnet`` is a
+``conv`` is ``conv3_net``, an ``nn.Sequential`` cut between its blocks (``conv_net``, its 5x5
+sibling, is the model of ``partime bench`` and of the demo); ``resnet`` is a
 ResNet-style network, a module of its own that partime traces (``partime.traced.tracing``) and cuts
 between the nodes of its graph, with its shortcuts crossing the cuts. Each factory takes
 ``(layers, channels, classes=, seed=)`` and builds the same model from the same seed.
@@ -13,7 +14,40 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from .runner import conv3_net
+
+def conv_net(layers: int = 12, channels: int = 32, *, classes: int | None = None, seed: int = 0) -> nn.Sequential:
+    """A stem and ``layers`` blocks of 5x5 convolution + ReLU at ``channels`` channels, on RGB frames.
+
+    With ``classes``, a head (global average pool, linear layer to ``classes`` logits) is appended.
+    The convolutions are He-initialised; the weights depend only on ``seed`` (and the sizes), not
+    on the global random state.
+    """
+    return _conv_stack(5, layers, channels, classes, seed)
+
+
+def conv3_net(layers: int = 8, channels: int = 24, *, classes: int | None = None, seed: int = 0) -> nn.Sequential:
+    """The family of ``partime bench --sizes``: ``conv_net`` with 3x3 convolutions, by default a stem
+    and 8 blocks at 24 channels, whose stage time grows with the frame size alone."""
+    return _conv_stack(3, layers, channels, classes, seed)
+
+
+def _conv_stack(kernel: int, layers: int, channels: int, classes: int | None, seed: int) -> nn.Sequential:
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        pad = kernel // 2
+        blocks = [nn.Sequential(nn.Conv2d(3, channels, kernel, padding=pad), nn.ReLU())]
+        blocks += [nn.Sequential(nn.Conv2d(channels, channels, kernel, padding=pad), nn.ReLU()) for _ in range(layers)]
+        if classes is not None:
+            blocks.append(nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(channels, classes)))
+        model = nn.Sequential(*blocks)
+        # He initialisation: with PyTorch's default, a frame's signal fades by about 2.5x per
+        # block and a deep stack outputs little more than its biases, which no stream can teach.
+        for module in model.modules():
+            if isinstance(module, nn.Conv2d):
+                nn.init.kaiming_normal_(module.weight, nonlinearity="relu")
+                if module.bias is not None:  # always: bias=True
+                    nn.init.zeros_(module.bias)
+    return model
 
 
 class BasicBlock(nn.Module):

@@ -37,9 +37,10 @@ from ...executors.malloc import keep_freed_memory
 from .clocks import cpu_clocks, others_busy
 from .contenders import Setting
 from .latency import latencies
+from .models import conv_net
 from .rate_contenders import Live, LiveContender, Run, pipelined, plain
 from .rate_search import Probe, Search, sustained_rates
-from .runner import CLASSES, Progress, conv_net, frames, median_ms, optimizer_named
+from .runner import CLASSES, Progress, frames, median_ms, optimizer_named
 from .sweep import round_order
 
 FRACTIONS = (0.5, 0.8, 0.95)

@@ -25,8 +25,8 @@ from typing import Any
 
 from torch import nn
 
+from ... import Pipeline
 from ...pipeline.arrivals import newest
-from ...pipeline.pipeline import Pipeline
 from ...planning.partition import Partition
 from ...planning.planner import torch_threads
 from ...sources import MONOTONIC, Clock, at_rate

@@ -9,10 +9,10 @@ is over::
     results:  w w w … w | block 0 | block 1 | … | block 4 | tail (the pipeline drains)
               warm-up      median of the five per-sample times is the row's figure
 
-The model follows the first experiment of PARTIME: a stack of 5x5 convolutions with 32
-channels and ReLUs on small frames. It returns rows (dicts); printing is the CLI's job.
-``conv3_net`` (3x3 convolutions) and ``frames`` are the model family and the stream of the
-sweep over frame sizes (``bench_sweep``, ``partime bench --sizes``).
+The model (``models.conv_net``) follows the first experiment of PARTIME: a stack of 5x5
+convolutions with 32 channels and ReLUs on small frames. It returns rows (dicts); printing is
+the CLI's job. ``frames`` is the stream of the sweep over frame sizes (``sweep``, ``partime
+bench --sizes``).
 """
 
 from __future__ import annotations
@@ -29,10 +29,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from ...pipeline.pipeline import Pipeline
+from ... import Pipeline
 from ...planning.partition import Partition
 from .clocks import cpu_clocks, others_busy
 from .hop import measure_hop
+from .models import conv_net
 
 log = logging.getLogger(__name__)
 
@@ -42,41 +43,6 @@ LR = 1e-3
 
 Progress = Callable[[str], None]
 """Called with a label as each configuration begins (for a progress display)."""
-
-
-def conv_net(layers: int = 12, channels: int = 32, *, classes: int | None = None, seed: int = 0) -> nn.Sequential:
-    """A stem and ``layers`` blocks of 5x5 convolution + ReLU at ``channels`` channels, on RGB frames.
-
-    With ``classes``, a head (global average pool, linear layer to ``classes`` logits) is appended.
-    The convolutions are He-initialised; the weights depend only on ``seed`` (and the sizes), not
-    on the global random state.
-    """
-    return _conv_stack(5, layers, channels, classes, seed)
-
-
-def conv3_net(layers: int = 8, channels: int = 24, *, classes: int | None = None, seed: int = 0) -> nn.Sequential:
-    """The family of ``partime bench --sizes``: ``conv_net`` with 3x3 convolutions, by default a stem
-    and 8 blocks at 24 channels, whose stage time grows with the frame size alone."""
-    return _conv_stack(3, layers, channels, classes, seed)
-
-
-def _conv_stack(kernel: int, layers: int, channels: int, classes: int | None, seed: int) -> nn.Sequential:
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        pad = kernel // 2
-        blocks = [nn.Sequential(nn.Conv2d(3, channels, kernel, padding=pad), nn.ReLU())]
-        blocks += [nn.Sequential(nn.Conv2d(channels, channels, kernel, padding=pad), nn.ReLU()) for _ in range(layers)]
-        if classes is not None:
-            blocks.append(nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(channels, classes)))
-        model = nn.Sequential(*blocks)
-        # He initialisation: with PyTorch's default, a frame's signal fades by about 2.5x per
-        # block and a deep stack outputs little more than its biases, which no stream can teach.
-        for module in model.modules():
-            if isinstance(module, nn.Conv2d):
-                nn.init.kaiming_normal_(module.weight, nonlinearity="relu")
-                if module.bias is not None:  # always: bias=True
-                    nn.init.zeros_(module.bias)
-    return model
 
 
 def frames(size: int, count: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

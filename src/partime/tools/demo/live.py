@@ -21,8 +21,8 @@ import torch
 from rich.progress import Progress
 from torch import Tensor, nn
 
+from ... import Pipeline
 from ...pipeline import arrivals
-from ...pipeline.pipeline import Pipeline
 from ...sources import at_rate, video_frames, write_video
 from ..bench.latency import PERCENTILES, percentile
 from ..bench.runner import median_ms

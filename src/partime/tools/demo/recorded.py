@@ -37,10 +37,10 @@ from rich.progress import (
 from rich.table import Table
 from torch import Tensor, nn
 
-from ... import streams
+from ... import Pipeline, streams
 from ...metrics import OnlineMetrics
-from ...pipeline.pipeline import Pipeline
-from ..bench.runner import conv_net, cpu_clocks, median_ms, others_busy
+from ..bench.models import conv_net
+from ..bench.runner import cpu_clocks, median_ms, others_busy
 from ..fidelity.runs import BATCH, DIGITS_LR, HOLD, digits_model
 from .live import LIVE_PACE, play_live
 

@@ -24,7 +24,7 @@ from torch import nn
 
 from ...pipeline.arrivals import newest
 from ...errors import StageError
-from ...pipeline.pipeline import Pipeline
+from ... import Pipeline
 from ...planning.planner import torch_threads
 from ...sources import at_rate
 from .runs import LR_GRID, optimizer_factory

@@ -33,7 +33,7 @@ from torch import Tensor, nn
 from ...learning.compensation import AUTO
 from ...errors import StageError
 from ...metrics import OnlineMetrics
-from ...pipeline.pipeline import Pipeline
+from ... import Pipeline
 from .runs import BATCH, LR_GRID, TUNING_SEED, Config, automatic, optimizer_factory, samples_of
 from .live import drop_schedule
 from .models import camera_model, digits_model, next_frame_error

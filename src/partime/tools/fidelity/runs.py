@@ -44,7 +44,7 @@ from ... import streams
 from ...errors import StageError
 from ...metrics import OnlineMetrics
 from ...planning.planner import plan
-from ...pipeline.pipeline import Pipeline
+from ... import Pipeline
 from .configs import (
     COMPENSATIONS,
     CUTS,
