@@ -12,7 +12,8 @@ import torch
 import torch.multiprocessing as mp
 
 from partime.core.boundary_values import TensorSpec
-from partime.executors.process.shared_memory import KIND_DATA, KIND_END, POLL_S, Aborted, Channel, Message, wait
+from partime.executors.messages import KIND_DATA, KIND_END, Message
+from partime.executors.process.shared_memory import POLL_S, Aborted, Channel, wait
 
 CTX = mp.get_context("spawn")
 PAIR = [TensorSpec((3, 4), torch.float32), TensorSpec((5,), torch.int64)]

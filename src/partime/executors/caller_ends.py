@@ -15,7 +15,7 @@ from torch import Tensor
 from ..checkpoint.files import message as transit_message
 from ..core.boundary_layout import Result
 from ..core.boundary_values import ValueSpec, as_tensors, rebuild
-from .process.shared_memory import KIND_DATA, KIND_END, KIND_SKIP, Message
+from .messages import KIND_DATA, KIND_END, KIND_SKIP, Message
 
 
 class Feeder:

@@ -13,7 +13,8 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor
 
-from .process.shared_memory import POLL_S, Message
+from .messages import Message
+from .process.shared_memory import POLL_S
 
 
 class Signal:

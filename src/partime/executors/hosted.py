@@ -29,7 +29,7 @@ from .base import stage_error
 from .handoff import Handoff
 from .in_flight import stage_answer
 from .malloc import keep_freed_memory
-from .process.shared_memory import Message
+from .messages import Message
 from .worker_loop import Links, Sent, Where, segment
 
 

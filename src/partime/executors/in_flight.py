@@ -18,7 +18,7 @@ from torch import Tensor
 
 from ..checkpoint.files import message as transit_message
 from ..core.stage import Stage
-from .process.shared_memory import KIND_DATA, KIND_SKIP, Message
+from .messages import KIND_DATA, KIND_SKIP, Message
 from .worker_loop import Links, Sent
 
 

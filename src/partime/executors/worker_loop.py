@@ -35,7 +35,8 @@ from ..core.boundary_layout import Layout, Result
 from ..core.boundary_values import ValueSpec, as_tensors, rebuild
 from ..core.stage import Stage
 from ..core.tick import backward_half, forward_half
-from .process.shared_memory import KIND_DATA, KIND_END, KIND_SKIP, SPIN_S, Message, wait
+from .messages import KIND_DATA, KIND_END, KIND_SKIP, Message
+from .process.shared_memory import SPIN_S, wait
 
 
 class Link(Protocol):

@@ -40,24 +40,11 @@ import torch.distributed as dist
 from torch import Tensor
 
 from ...core.boundary_values import TensorSpec
-from ..process.shared_memory import KIND_DATA, KIND_SKIP, POLL_S, Aborted, Message
+from ..messages import KIND_CLOSE, KIND_DATA, KIND_PING, KIND_SKIP, Message
+from ..process.shared_memory import POLL_S, Aborted
 
 if TYPE_CHECKING:
     from .ranks import Health
-
-KIND_PERMIT = 3
-"""Rank 0 to rank r: ``index`` ticks have been offered in all (permits only grow)."""
-KIND_STATE = 4
-"""A stage's ``state_dict`` tensors: its first weights (0 to r), or a snapshot (r to 0)."""
-KIND_SNAPSHOT = 5
-"""Rank 0 to rank r: send the weights as they are once ``index`` ticks are done."""
-KIND_CHECKPOINT = 9
-"""Rank 0 to rank r: put this stage's part of a checkpoint in the store once ``index`` ticks are done
-(``scalar``: the tick of the segment it is taken at); rank r to 0, without tensors: it is there."""
-KIND_PING = 6
-"""Nothing: keeps an idle link inside gloo's timeout."""
-KIND_CLOSE = 7
-"""The last message on a link."""
 
 PING_S = 2.0
 """How long a link may be idle before its sending thread sends a ping."""

@@ -18,8 +18,8 @@ from torch import nn
 from ...core.boundary_values import TensorSpec
 from ...core.stage import StageConfig
 from ..base import Layout
-from ..process.shared_memory import KIND_DATA, Channel
-from .link import KIND_STATE
+from ..messages import KIND_DATA, KIND_STATE
+from ..process.shared_memory import Channel
 from .ranks import Wire
 
 

@@ -18,9 +18,10 @@ from ...core.stage import Stage, StageConfig
 from ...errors import PipelineClosedError
 from ...planning.partition import check_balance, split
 from ..in_flight import resume, stage_answer
-from ..process.shared_memory import POLL_S, Aborted, Message, wait
+from ..messages import KIND_CHECKPOINT, KIND_CLOSE, KIND_PERMIT, KIND_SNAPSHOT, KIND_STATE, Message
+from ..process.shared_memory import POLL_S, Aborted, wait
 from ..worker_loop import Links, Sent, SentLog, Where, run_stage
-from .link import KIND_CHECKPOINT, KIND_CLOSE, KIND_PERMIT, KIND_SNAPSHOT, KIND_STATE, Permits
+from .link import Permits
 from .plan import Plan, config_key, state_specs, wires
 from .ranks import Run
 

@@ -31,25 +31,15 @@ import logging
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from ...core.boundary_values import TensorSpec
+from ..messages import KIND_DATA, Message
 
 log = logging.getLogger(__name__)
-
-KIND_DATA = 1
-"""A message that carries one value (its tensors) for sample ``index``."""
-KIND_END = 2
-"""The producer will send nothing more; ``index`` says how many samples it sent."""
-KIND_SKIP = 8
-"""Sample ``index`` was skipped (``nonfinite="skip"``): a hole going forward (no tensors), a
-gradient that will not come going back, or a result without learning (its output, if any, and
-loss). (The distributed executor's control messages use other kinds, defined in
-``partime.executors.distributed.link``.)"""
 
 SPIN_S = 100e-6
 """How long a wait spins (non-blocking tries) before it blocks: a peer that answers within this
@@ -92,20 +82,6 @@ class Flag:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self._cell = state["_cell"]
         self._bind()
-
-
-@dataclass(slots=True)
-class Message:
-    """What ``Channel.get`` returns.
-
-    ``tensors`` are fresh tensors owned by the receiver; empty when the producer sent none
-    (as for ``KIND_END``).
-    """
-
-    kind: int
-    index: int
-    scalar: float
-    tensors: tuple[Tensor, ...]
 
 
 def wait(sem: Any, check: Callable[[], None] | None, spin_s: float = SPIN_S, poll_s: float = POLL_S) -> None:

@@ -23,7 +23,7 @@ from ... import Pipeline
 from ...core.boundary_values import TensorSpec
 from ...executors.distributed.link import LINK_TIMEOUT_S, RankLink
 from ...executors.distributed.ranks import Run, join_group
-from ...executors.process.shared_memory import KIND_DATA
+from ...executors.messages import KIND_DATA
 from .models import conv_net
 from .runner import CLASSES, cpu_clocks, optimizer_named, others_busy, time_pipeline, time_sequential
 

@@ -14,7 +14,8 @@ import torch
 import torch.multiprocessing as mp
 
 from ...core.boundary_values import TensorSpec
-from ...executors.process.shared_memory import KIND_DATA, KIND_END, SPIN_S, Aborted, Channel
+from ...executors.messages import KIND_DATA, KIND_END
+from ...executors.process.shared_memory import SPIN_S, Aborted, Channel
 
 log = logging.getLogger(__name__)
 
