@@ -147,9 +147,44 @@ class Transformer(nn.Module):
         return self.out(self.norm(h).mean(dim=1))
 
 
+def window_attention(x, mix):
+    """Swin's shifted-window step, in small: control flow on the input's shape, which fx cannot
+    trace through; kept whole by ``torch.fx.wrap`` below, as torchvision keeps its own."""
+    if x.shape[-1] % 2 == 0:  # windows of two columns, shifted by one
+        x = torch.roll(x, shifts=1, dims=-1)
+    return x + mix(x.transpose(1, -1)).transpose(1, -1)
+
+
+torch.fx.wrap("window_attention")
+
+
+class WindowBlock(nn.Module):
+    def __init__(self, channels):
+        super().__init__()
+        self.norm = nn.BatchNorm2d(channels)
+        self.mix = nn.Linear(channels, channels)
+
+    def forward(self, x):
+        return torch.relu(window_attention(self.norm(x), self.mix))
+
+
+class Windowed(nn.Module):
+    """A Swin-style network: a patch embedding, blocks whose window step fx cannot trace again
+    from partime's graph (the function is kept whole where the model is defined), a head."""
+
+    def __init__(self, channels=6, classes=3):
+        super().__init__()
+        self.embed = nn.Conv2d(3, channels, 2, stride=2)
+        self.blocks = nn.Sequential(WindowBlock(channels), WindowBlock(channels))
+        self.head = nn.Linear(channels, classes)
+
+    def forward(self, x):
+        return self.head(self.blocks(self.embed(x)).mean(dim=(2, 3)))
+
+
 def make(name, seed=0):
     torch.manual_seed(seed)
-    return {"resnet": ResNet, "unet": UNet, "transformer": Transformer}[name]()
+    return {"resnet": ResNet, "unet": UNet, "transformer": Transformer, "windowed": Windowed}[name]()
 
 
 def samples(name, n, seed=0):

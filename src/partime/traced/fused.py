@@ -61,10 +61,19 @@ class Fused(nn.Module):
         self.graph_module = fx.GraphModule(held, graph, class_name="FusedStage")
         self._first: Segment | None
         self._last: Segment
-        # for its checks and messages only: not children of this module
+        # for its checks and messages, and to travel: not children of this module
         object.__setattr__(self, "_first", segments[0] if first.first else None)
         object.__setattr__(self, "_last", last)
+        object.__setattr__(self, "_segments", tuple(segments))
         self.nodes = tuple(segment.node for segment in segments)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Travel (to a worker process, a rank, a deep copy) as the segments it was made from, and
+        be made again from them there: fx would pickle the graph module as its generated code and
+        trace that code again, which fails where the code calls a function that partime's trace
+        kept whole but fx's own would trace through (control flow on shapes, as in Swin's window
+        attention). The segments hold the very modules and tensors the graph module holds."""
+        return (_remade, (self._segments, self.training))
 
     def forward(self, value: Any) -> Any:
         if self._first is not None:  # the model's first nodes: a sample that does not fit is refused by name
@@ -84,6 +93,11 @@ class Fused(nn.Module):
 
     def extra_repr(self) -> str:
         return f"nodes={list(self.nodes)}"
+
+
+def _remade(segments: Sequence[Segment], training: bool) -> Fused:
+    """A ``Fused`` made again from ``segments`` where it traveled to, in training mode or not."""
+    return Fused(segments).train(training)
 
 
 def fused(stages: Sequence[nn.Module]) -> list[nn.Module]:
