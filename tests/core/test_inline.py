@@ -1,12 +1,15 @@
 """The inline executor against hand-computed tick traces and plain online learning."""
 
 import copy
+import subprocess
+import sys
 
 import pytest
 import torch
 from torch import nn
 
 import partime
+from partime.executors.malloc import keep_freed_memory
 
 
 def scalar_chain(weights):
@@ -195,3 +198,30 @@ def test_step_returns_the_result_that_left_this_tick():
         # a new segment after a flush starts with an empty pipeline; indices keep counting
         assert pipe.step(column([5])[0]) is None
         assert [r.index for r in pipe.flush()] == [4]
+
+
+FAULTS_PER_TICK = """
+import resource, torch
+from torch import nn
+import partime
+torch.manual_seed(0)
+model = nn.Sequential(nn.Conv2d(3, 24, 3, padding=1), *(nn.Conv2d(24, 24, 3, padding=1) for _ in range(3)))
+xs = torch.randn(40, 1, 3, 96, 96)  # 884 KB per activation: above glibc's first mmap threshold
+with partime.Pipeline(model, [2, 2], executor="inline", threads=1) as pipe:
+    results = pipe.stream(iter(xs))
+    for _ in range(10):
+        next(results)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(20):
+        next(results)
+    print((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 20)
+    list(results)
+"""
+
+
+@pytest.mark.skipif(not keep_freed_memory(), reason="the C library is not glibc: it has no such thresholds")
+def test_the_inline_executor_keeps_freed_memory_for_the_next_tick():
+    # a fresh process: every tick maps 4 such blocks afresh (216 pages each) unless freed memory is kept
+    run = subprocess.run([sys.executable, "-c", FAULTS_PER_TICK], capture_output=True, text=True, timeout=100)
+    assert run.returncode == 0, run.stderr
+    assert float(run.stdout) < 50, run.stdout

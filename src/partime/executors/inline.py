@@ -3,7 +3,8 @@
 Every stage runs in the caller's thread, one after another within a tick, with the messages of
 a tick (activations forward, gradients back) delivered at the next tick. While it is open the
 caller's torch thread count is the stages' own (``threads``), as in the workers of the other
-executors; ``close`` gives the caller its own back. It is the reference
+executors; ``close`` gives the caller its own back. The caller's process keeps the memory it frees
+for the next tick (``malloc.keep_freed_memory``), as the processes that run stages do. It is the reference
 every other executor is tested against, and a way to simulate the learning of a D-stage
 pipeline on one core.
 
@@ -31,6 +32,7 @@ from ..core.boundary_values import as_tensors, rebuild
 from ..core.stage import Stage
 from ..core.tick import Data, Passed, Skip, backward_half, forward_half
 from .base import Executor, Layout, Result, stage_error
+from .malloc import keep_freed_memory
 
 
 class InlineExecutor(Executor):
@@ -46,6 +48,7 @@ class InlineExecutor(Executor):
         self._threads_before = torch.get_num_threads()
         if self.threads is not None:
             torch.set_num_threads(self.threads)
+        keep_freed_memory()  # as in every process that runs stages: no page faults for each tick's activations
         self._stages = []
         for i, (module, device) in enumerate(zip(self.stages, self.devices)):
             try:
