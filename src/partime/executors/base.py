@@ -48,7 +48,7 @@ from ..core.boundary_layout import Layout, Result
 from ..core.stage import StageConfig
 from ..errors import StageError
 
-LOOKAHEAD = 1
+READ_AHEAD = 1
 """How many ticks ``Pipeline.stream`` offers beyond the result it hands out next: the stages then
 never wait for the caller between two ticks. Executors size their caller-side buffers for it."""
 
@@ -183,4 +183,4 @@ def stage_error(stage: int, sample: int | None, phase: str, exc: BaseException) 
     return StageError(stage, sample, phase, f"{type(exc).__name__}: {exc}", text)
 
 
-__all__ = ["LOOKAHEAD", "Executor", "Layout", "Result", "stage_error", "with_deadline"]
+__all__ = ["READ_AHEAD", "Executor", "Layout", "Result", "stage_error", "with_deadline"]

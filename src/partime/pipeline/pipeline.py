@@ -25,7 +25,7 @@ from ..core.boundary_values import ValueSpec, copy_tensors, nonfinite
 from ..core.stage import DEFAULT_GRAD_MODE, LossFn, OptimizerFactory, StageConfig, takes_target
 from ..errors import PipelineClosedError, StageError
 from ..executors import EXECUTORS, Executor
-from ..executors.base import LOOKAHEAD
+from ..executors.base import READ_AHEAD
 from ..executors.distributed.on_rank_0 import on_rank_0
 from ..learning.compensation import check_compensation
 from ..learning.optimizer_state import check_optimizer_factory
@@ -408,7 +408,7 @@ class Pipeline:
 
     def _streamed(self, reader: arrivals.Inbox, ys: Iterable[Any] | None) -> Iterator[Result]:
         self._clock = reader.clock
-        lookahead = 0 if reader.live else LOOKAHEAD
+        read_ahead = 0 if reader.live else READ_AHEAD
         targets = iter(ys) if ys is not None else None
         pairs = ys is None and self._state.supervised is True
         state = self._state
@@ -435,7 +435,7 @@ class Pipeline:
                     if not begun:  # the pipeline has started from the first sample: the rest may come
                         reader.begin()
                         begun = True
-                    while self._due() > lookahead or state.next_is_dropped():
+                    while self._due() > read_ahead or state.next_is_dropped():
                         yield self._take()
         finally:
             reader.close()

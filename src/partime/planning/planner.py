@@ -19,7 +19,7 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from . import hop_cost as hops
+from . import hop_cost
 from .balance import AUTO, Balance, is_int
 from .partition import Partition, best_split, check_balance, time_unit
 from .profiling import Sample, profile_layers
@@ -65,7 +65,7 @@ def choose_depth(
     the deepest a mapping gives) is lowered to what ``forbidden`` cut positions leave. Pure: no
     timing, no torch.
     """
-    overhead = hops.TICK_OVERHEAD_S if overhead is None else overhead
+    overhead = hop_cost.TICK_OVERHEAD_S if overhead is None else overhead
     hop_times = None if hop_times is None else tuple(hop_times)
     if max_depth is not None and (not is_int(max_depth) or max_depth < 1):
         raise ValueError(f"max_depth must be an int >= 1, got {max_depth!r}")
@@ -153,10 +153,10 @@ def plan_timed(
     cut is then the ``timed_cut`` for that depth. The tick's work is
     ``hop_cost.TICK_OVERHEAD_S``, read now.
     """
-    n, overhead = len(model), hops.TICK_OVERHEAD_S
+    n, overhead = len(model), hop_cost.TICK_OVERHEAD_S
     forbidden = frozenset(tied_cuts(model))
     params = [sum(p.numel() for p in child.parameters() if p.requires_grad) for child in model] if learning else None
-    meter = hops.HopMeter(n, learning=learning)
+    meter = hop_cost.HopMeter(n, learning=learning)
     if balance != AUTO:
         depth = int(balance)
         times = profile(on_output=meter)

@@ -57,7 +57,7 @@ from torch import nn
 from ...checkpoint.files import from_bytes, to_bytes
 from ...core.stage import Stage, StageConfig
 from ...errors import StageTimeoutError
-from ..base import LOOKAHEAD, Layout, with_deadline
+from ..base import READ_AHEAD, Layout, with_deadline
 from ..caller_ends import Feeder
 from ..driver import Driver
 from ..in_flight import executor_state, resume, stage_answer, stage_resume
@@ -130,7 +130,7 @@ class DistributedExecutor(Driver):
         self._results = run.link("result") or local_channel(layout.output.tensors, CAPACITY, "result")
         self._targets = None
         if layout.target is not None:
-            self._targets = run.link("target") or local_channel(layout.target.tensors, depth + 1 + LOOKAHEAD, "target")
+            self._targets = run.link("target") or local_channel(layout.target.tensors, depth + 1 + READ_AHEAD, "target")
         self._feeder = Feeder(self._inputs, self._targets, depth)
         self._permit_zero, self._ticks_zero = Permits(0), threading.Semaphore(0)
         links = Links(

@@ -11,7 +11,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import cast
 
-from ...learning import optimizer_state as lookahead
+from ...learning import optimizer_state
 from ...learning.compensation import AUTO, AUTOMATIC
 from ...core.stage_config import GRAD_MODES, StageConfig
 
@@ -56,7 +56,7 @@ def compensations(grad_mode: str, optimizer: str) -> tuple[str, ...]:
     (``DEFAULT_GRAD_MODE`` is always measured with it: the default is measured)."""
     resolved = [automatic(optimizer) if c == AUTO else c for c in COMPENSATIONS.get(grad_mode, ("",))]
     names = [
-        c for c in resolved if optimizer != "sgd" or not any(option in lookahead.OPTIONS for option in c.split("+"))
+        c for c in resolved if optimizer != "sgd" or not any(option in optimizer_state.OPTIONS for option in c.split("+"))
     ]
     if grad_mode == DEFAULT_GRAD_MODE:
         names.append(automatic(optimizer))
