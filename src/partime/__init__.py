@@ -6,8 +6,8 @@ for inference and for online learning; see SPEC.md for what is computed at every
 
 from .checkpoint.files import CheckpointError
 from .errors import PipelineClosedError, StageError, StageTimeoutError, WorkerDiedError
-from .executors import Result
 from .pipeline.pipeline import Pipeline
+from .result import Result
 
 __all__ = [
     "CheckpointError",

@@ -43,10 +43,11 @@ from typing import Any, overload
 import torch
 from torch import Tensor, nn
 
-from ..core.boundary_layout import Layout, Result
+from ..core.boundary_layout import Layout
 from ..core.boundary_values import TensorSpec, ValueSpec, as_tensors, rebuild
 from ..core.stage import Stage, StageConfig
 from ..pipeline.state import PipelineState
+from ..result import Result
 from .format import FORMAT, VERSION, CheckpointError, check_contents, check_state
 
 

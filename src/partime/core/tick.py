@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .boundary_layout import Result
+from ..result import Result
 from .stage import Stage
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from importlib import import_module
 
-from .base import Executor, Layout, Result
+from .base import Executor, Layout
 
 REGISTRY = {
     "inline": "inline:InlineExecutor",
@@ -27,4 +27,4 @@ def executor_class(name: str) -> type[Executor]:
     return found
 
 
-__all__ = ["EXECUTORS", "Executor", "Layout", "Result", "executor_class"]
+__all__ = ["EXECUTORS", "Executor", "Layout", "executor_class"]

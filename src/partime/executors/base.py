@@ -44,9 +44,10 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from ..core.boundary_layout import Layout, Result
+from ..core.boundary_layout import Layout
 from ..core.stage import StageConfig
 from ..errors import StageError
+from ..result import Result
 
 READ_AHEAD = 1
 """How many ticks ``Pipeline.stream`` offers beyond the result it hands out next: the stages then
@@ -183,4 +184,4 @@ def stage_error(stage: int, sample: int | None, phase: str, exc: BaseException) 
     return StageError(stage, sample, phase, f"{type(exc).__name__}: {exc}", text)
 
 
-__all__ = ["READ_AHEAD", "Executor", "Layout", "Result", "stage_error", "with_deadline"]
+__all__ = ["READ_AHEAD", "Executor", "Layout", "stage_error", "with_deadline"]

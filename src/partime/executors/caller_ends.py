@@ -13,8 +13,8 @@ from typing import Any
 from torch import Tensor
 
 from ..checkpoint.files import message as transit_message
-from ..core.boundary_layout import Result
 from ..core.boundary_values import ValueSpec, as_tensors, rebuild
+from ..result import Result
 from .messages import KIND_DATA, KIND_END, KIND_SKIP, Message
 
 

@@ -29,7 +29,8 @@ from typing import Any
 from ..core import schedule
 from ..core.stage import Stage
 from ..errors import StageTimeoutError
-from .base import Executor, Layout, Result, stage_error, with_deadline
+from ..result import Result
+from .base import Executor, Layout, stage_error, with_deadline
 from .caller_ends import Feeder, result_of
 from .hosted import HostedStage, Local
 from .in_flight import resume, stage_resume

@@ -31,7 +31,8 @@ from ..core import schedule
 from ..core.boundary_values import as_tensors, rebuild
 from ..core.stage import Stage
 from ..core.tick import Data, Passed, Skip, backward_half, forward_half
-from .base import Executor, Layout, Result, stage_error
+from ..result import Result
+from .base import Executor, Layout, stage_error
 from .malloc import keep_freed_memory
 
 

@@ -31,10 +31,11 @@ from torch import Tensor
 
 from ..core import schedule
 from ..core import tick as tick_rule
-from ..core.boundary_layout import Layout, Result
+from ..core.boundary_layout import Layout
 from ..core.boundary_values import ValueSpec, as_tensors, rebuild
 from ..core.stage import Stage
 from ..core.tick import backward_half, forward_half
+from ..result import Result
 from .messages import KIND_DATA, KIND_END, KIND_SKIP, Message
 from .process.shared_memory import SPIN_S, wait
 

@@ -20,7 +20,6 @@ from torch import nn
 
 from ..checkpoint import files as checkpoint
 from ..checkpoint.files import CheckpointError, layout_from_plain
-from ..core.boundary_layout import Result
 from ..core.boundary_values import ValueSpec, copy_tensors, nonfinite
 from ..core.stage import DEFAULT_GRAD_MODE, LossFn, OptimizerFactory, StageConfig, takes_target
 from ..errors import PipelineClosedError, StageError
@@ -32,6 +31,7 @@ from ..learning.optimizer_state import check_optimizer_factory
 from ..planning.balance import Balance
 from ..planning.partition import Partition, split
 from ..planning.planner import plan
+from ..result import Result
 from ..sources import MONOTONIC, Clock
 from ..traced.partition import describe
 from ..traced.tracing import boundary_specs, layers_of

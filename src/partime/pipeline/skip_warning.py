@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 
-from ..core.boundary_layout import Result
+from ..result import Result
 
 # the pipeline's logger: the warning reads as the pipeline's, for those who configure that one
 log = logging.getLogger("partime.pipeline.pipeline")

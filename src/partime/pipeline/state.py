@@ -16,8 +16,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..core.boundary_layout import Layout, Result
+from ..core.boundary_layout import Layout
 from ..core.boundary_values import ValueSpec, check_like, copy_tensors, spec_of
+from ..result import Result
 
 
 @dataclass

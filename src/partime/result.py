@@ -1,0 +1,41 @@
+"""``Result``: what one sample yields, handed out in sample order."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from torch import Tensor
+
+
+@dataclass
+class Result:
+    """What one sample yields: its index, the pipeline's output and, when learning, its loss.
+
+    ``skipped`` under ``nonfinite="skip"``: the sample did not take part in learning. Its input
+    was not finite (then ``output`` and ``loss`` are None: it never went forward), or its loss
+    was not finite (then both are there, and no gradient was applied for it). ``dropped`` under
+    ``when_behind="drop"``: the sample arrived while an earlier one still waited to go in, and a
+    later one replaced it; it never went forward (``output`` and ``loss`` are None). ``target`` is
+    the sample's target (a copy) when one was given and the sample went in, so that a result can
+    be scored on its own.
+
+    ``offered_at`` is when the sample arrived (a live source's arrival time, or when the pipeline
+    was given it) and ``handed_at`` when its result was handed out, in seconds on the stream's
+    clock (``partime.sources``: a ``Paced`` source's own, else ``time.monotonic``); NaN for a
+    sample offered before a checkpoint was loaded (its arrival was not kept).
+    """
+
+    index: int
+    output: Tensor | tuple[Tensor, ...] | None
+    loss: float | None = None
+    skipped: bool = False
+    target: Tensor | tuple[Tensor, ...] | None = None
+    dropped: bool = False
+    offered_at: float = math.nan
+    handed_at: float = math.nan
+
+    @property
+    def latency(self) -> float:
+        """Seconds from the sample's arrival to its result's hand-out (``handed_at - offered_at``)."""
+        return self.handed_at - self.offered_at
