@@ -347,7 +347,7 @@ def test_a_save_that_fails_midway_leaves_the_previous_checkpoint(tmp_path, monke
 KILLED_SAVE = """
 import os, signal, sys
 import torch
-from partime import checkpoint
+from partime.checkpoint import files as checkpoint
 
 real_save = torch.save
 
