@@ -1,4 +1,12 @@
-"""Executors: the ways a pipeline's stages can be run."""
+"""Executors: the ways a pipeline's stages can be run, and what they share.
+
+``base.py`` is the interface every executor implements, ``inline.py`` the SPEC as plain code, and
+``process/``, ``thread/`` and ``distributed/`` the executors whose stages run in workers of their
+own; beside them, what those share: the loop of a stage in its worker, the messages every link
+carries, the caller's ends of the links, the caller's side of the workers, the last stage the
+caller hosts, and what a stage sent, for checkpoints. ``REGISTRY`` names them; a module is
+imported only when a pipeline chooses its executor. Everything here is internal to partime.
+"""
 
 from __future__ import annotations
 
