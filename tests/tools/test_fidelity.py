@@ -1,7 +1,12 @@
 """The fidelity benchmark on tiny settings: its rows, summary, table and plot."""
 
 import json
+import os
+import signal
+import subprocess
+import sys
 
+import psutil
 import pytest
 from click.testing import CliRunner
 
@@ -318,3 +323,28 @@ def test_an_unknown_configuration_is_refused_with_the_choices():
     assert result.exit_code == 2
     assert "--configs" in result.output and "'stash,stsh'" in result.output
     assert "default, partime" in result.output and "stash+delay-correction" in result.output
+
+
+KILLED_SWEEP = """
+import time
+from partime.tools.fidelity.pool import worker_pool
+if __name__ == "__main__":
+    with worker_pool(2) as pool:
+        futures = [pool.submit(time.sleep, 600) for _ in range(2)]
+        print(" ".join(str(p) for p in pool._processes), flush=True)
+        time.sleep(600)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the workers are sent SIGTERM by Linux's prctl")
+def test_a_sweep_killed_by_a_signal_leaves_no_worker_computing():
+    parent = subprocess.Popen([sys.executable, "-c", KILLED_SWEEP], stdout=subprocess.PIPE, text=True)
+    try:
+        workers = [psutil.Process(int(pid)) for pid in parent.stdout.readline().split()]
+        assert len(workers) == 2
+        os.kill(parent.pid, signal.SIGKILL)  # no clean-up runs in the parent
+        parent.wait(timeout=10)
+        _, alive = psutil.wait_procs(workers, timeout=10)
+        assert alive == [], alive
+    finally:
+        parent.kill()

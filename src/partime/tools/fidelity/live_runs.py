@@ -20,9 +20,7 @@ from __future__ import annotations
 
 import inspect
 import itertools
-import multiprocessing
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, replace
 from typing import Any, cast
@@ -37,6 +35,7 @@ from ... import Pipeline
 from .runs import BATCH, LR_GRID, TUNING_SEED, Config, automatic, optimizer_factory, samples_of
 from .live import drop_schedule
 from .models import camera_model, digits_model, next_frame_error
+from .pool import worker_pool
 
 CONTENDERS = ("plain", "pipeline")
 DEPTH = 2
@@ -281,9 +280,7 @@ def run_all(
 ) -> list[dict[str, Any]]:
     """Every run, ``jobs`` at a time in worker processes; rows in the order of ``cfgs``."""
     rows: list[dict[str, Any]] = []
-    # spawned, not forked, as fidelity.run_all's
-    spawned = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(jobs, mp_context=spawned) if jobs > 1 else nullcontext() as pool:
+    with worker_pool(jobs) if jobs > 1 else nullcontext() as pool:
         more = (frames for _ in cfgs), (held_out for _ in cfgs)
         for row in pool.map(run, cfgs, *more) if pool else map(run, cfgs, *more):
             rows.append(row)

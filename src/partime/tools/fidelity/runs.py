@@ -31,9 +31,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-import multiprocessing
 from collections.abc import Callable, Collection, Iterator, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict
 from typing import Any, cast
 
@@ -62,6 +60,7 @@ from .configs import (
     picked,
 )
 from .models import Carry, camera_model, digits_model, even_balance, next_frame_error
+from .pool import worker_pool
 from .report import (
     COMPENSATION_LINES,
     MODE_COLOURS,
@@ -316,9 +315,7 @@ def run_all(
             if progress:
                 progress(rows[-1])
         return rows
-    # spawned, not forked: a fork taken after this process has run torch, or while the progress
-    # bar's thread holds a lock, can leave a worker waiting for ever
-    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+    with worker_pool(jobs) as pool:
         for row in pool.map(run, cfgs, itertools.repeat(frames)):
             rows.append(row)
             if progress:
