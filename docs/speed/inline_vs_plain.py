@@ -1,0 +1,58 @@
+"""The inline executor against the plain model it runs, in inference, one sample at a time on one
+thread: what partime's own work adds when nothing runs in parallel (the bench's conv model at D = 2,
+48 x 48 frames). Beside them, the plain model under ``torch.inference_mode()`` instead of
+``torch.no_grad()``. The contenders run in turn, in rounds; the figures are medians over rounds.
+
+Run in a fresh process with nothing else on the machine: ``.venv/bin/python docs/speed/inline_vs_plain.py``
+(the figures in ``inline_vs_plain.txt`` came from it).
+"""
+
+import statistics
+import time
+
+import torch
+
+import partime
+from partime.tools.bench.models import conv3_net
+
+torch.set_num_threads(1)
+torch.manual_seed(0)
+model = conv3_net(classes=10).eval()
+xs = [torch.randn(1, 3, 48, 48) for _ in range(200)]
+
+
+def plain(grad_off):
+    def go():
+        with grad_off():
+            for x in xs:
+                model(x)
+
+    return go
+
+
+def inline():
+    pipe = partime.Pipeline(model, [5, 5], executor="inline", threads=1)
+    pipe.open()
+
+    def go():
+        for _ in pipe.stream(xs):
+            pass
+
+    return go, pipe
+
+
+contenders = {"plain, no_grad": plain(torch.no_grad), "plain, inference_mode": plain(torch.inference_mode)}
+run_inline, pipe = inline()
+contenders["inline, D = 2"] = run_inline
+times = {name: [] for name in contenders}
+for round_ in range(7):
+    for name, go in contenders.items():
+        start = time.perf_counter()
+        go()
+        if round_:  # the first round warms up
+            times[name].append((time.perf_counter() - start) / len(xs) * 1e3)
+pipe.close()
+base = statistics.median(times["plain, no_grad"])
+for name, ts in times.items():
+    ms = statistics.median(ts)
+    print(f"{name:24s} {ms:.3f} ms per sample  ({ms / base:.3f} x plain, no_grad)")
