@@ -21,6 +21,15 @@ def _modules() -> dict[str, Path]:
 MODULES = _modules()
 
 
+def _source(name: str, path: Path, node: ast.ImportFrom) -> str:
+    """The module an ``import from`` in module ``name`` (file ``path``) takes its names from."""
+    if not node.level:
+        return node.module or ""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
 def _imports(name: str, path: Path) -> list[tuple[str, list[str], int]]:
     """(module, names taken from it, line) for every import of a partime module in ``path``, but
     those only a type checker reads (under ``if TYPE_CHECKING:``)."""
@@ -32,17 +41,12 @@ def _imports(name: str, path: Path) -> list[tuple[str, list[str], int]]:
         for statement in block.body
         for node in ast.walk(statement)
     }
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found = []
     for node in ast.walk(tree):
         if id(node) in checking:
             continue
         if isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
-                module = ".".join(base + ([node.module] if node.module else []))
-            else:
-                module = node.module or ""
+            module = _source(name, path, node)
             if module.split(".")[0] == "partime":
                 found.append((module, [a.name for a in node.names], node.lineno))
         elif isinstance(node, ast.Import):
@@ -121,13 +125,13 @@ def test_no_private_name_is_read_off_another_module() -> None:
     private = []
     for name, path in MODULES.items():
         tree = ast.parse(path.read_text())
-        aliases = set()
-        for node in ast.walk(tree):
-            if isinstance(node, ast.ImportFrom):
-                package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-                base = package.split(".")[: len(package.split(".")) - max(node.level - 1, 0)] if node.level else []
-                module = ".".join(base + ([node.module] if node.module else [])) if node.level else node.module or ""
-                aliases |= {a.asname or a.name for a in node.names if f"{module}.{a.name}" in MODULES}
+        aliases = {
+            a.asname or a.name
+            for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom)
+            for a in node.names
+            if f"{_source(name, path, node)}.{a.name}" in MODULES
+        }
         for node in ast.walk(tree):
             read = isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases
             if read and node.attr.startswith("_") and not node.attr.startswith("__"):

@@ -43,7 +43,7 @@ KIND_CLOSE = 7
 
 @dataclass(slots=True)
 class Message:
-    """What ``Channel.get`` returns.
+    """What a link's ``get`` returns, whatever carries it.
 
     ``tensors`` are fresh tensors owned by the receiver; empty when the producer sent none
     (as for ``KIND_END``).

@@ -187,6 +187,24 @@ def split(model: nn.Sequential, balance: Sequence[int]) -> list[nn.Module]:
     return fused([nn.Sequential(OrderedDict(children[a:b])) for a, b in Partition(tuple(balance)).bounds])
 
 
+def stage_time_table(
+    layer_times: Sequence[float], hop_times: Sequence[float] | None, overhead: float
+) -> list[list[float]]:
+    """``table[a][b]``: the predicted time of a stage of layers ``a`` to ``b - 1``, its layers'
+    times added left to right (as ``sum`` does) plus, when ``hop_times`` or ``overhead`` is given,
+    what its boundaries cost it per tick (``hop_cost.stage_hop``), added as
+    ``Partition.predicted_times`` adds it. Unchecked: the callers check their arguments."""
+    n = len(layer_times)
+    table = [[0.0] * (n + 1) for _ in range(n + 1)]
+    priced = hop_times is not None or overhead != 0
+    for a in range(n):
+        total: float = 0
+        for b in range(a + 1, n + 1):
+            total += layer_times[b - 1]
+            table[a][b] = total + stage_hop(a, b, n, hop_times, overhead) if priced else total
+    return table
+
+
 def best_split(
     layer_times: Sequence[float],
     depth: int,
@@ -236,14 +254,7 @@ def best_split(
             f"{depth} stages need {depth - 1} of the {n - 1} positions, and only "
             f"{n - 1 - len(banned)} are left"
         )
-    # seg[a][b]: the time of a stage of layers a to b - 1 (their sum, left to right, + its hop cost)
-    seg = [[0.0] * (n + 1) for _ in range(n + 1)]
-    priced = hops is not None or overhead != 0
-    for a in range(n):
-        total: float = 0
-        for b in range(a + 1, n + 1):
-            total += times[b - 1]
-            seg[a][b] = total + stage_hop(a, b, n, hops, overhead) if priced else total
+    seg = stage_time_table(times, hops, overhead)
     # best[b] holds, for the first b layers cut into k groups, the key (times sorted from largest
     # down, balance) of the best such cut. Appending one more group to two cuts keeps their
     # order under this key, so the best cut of b layers extends a best cut of some prefix.

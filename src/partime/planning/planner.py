@@ -111,30 +111,6 @@ def choose_depth(
     return sequential
 
 
-def timed_cut(
-    layer_times: Sequence[float],
-    hop_times: Sequence[float] | None,
-    depth: int,
-    *,
-    overhead: float,
-    forbidden: Collection[int] = (),
-    layer_params: Sequence[int] | None = None,
-    boundary_bytes: Sequence[int] | None = None,
-) -> tuple[int, ...]:
-    """The cut into ``depth`` stages that ``steady_split`` takes: among the cuts about as fast as
-    the fastest, hops included, the one that measurement noise does not move; with
-    ``layer_params`` (a pipeline that learns), the one that delays the fewest weights first."""
-    return steady_split(
-        layer_times,
-        depth,
-        layer_params=layer_params,
-        boundary_bytes=boundary_bytes,
-        hop_times=hop_times,
-        overhead=overhead,
-        forbidden=forbidden,
-    )
-
-
 def plan_timed(
     model: nn.Sequential,
     balance: int | str,
@@ -147,29 +123,32 @@ def plan_timed(
     predictions, from the layer times ``profile`` measures and the boundary costs ``HopMeter``
     measures during the first of them (``plan`` calls it; ``balance`` is checked there).
 
-    D stages: the ``timed_cut``, the layers timed once with the current torch threads. ``"auto"``:
+    D stages: the ``steady_split`` cut (hops, tied cuts, boundary bytes and, when ``learning``,
+    the weights counted), the layers timed once with the current torch threads. ``"auto"``:
     ``choose_depth`` up to ``usable_cores()`` (and the layers and tied cuts), each depth's layers
     timed with ``threads(depth)`` threads (once per distinct count; default: the current one); its
-    cut is then the ``timed_cut`` for that depth. The tick's work is
+    cut is then the ``steady_split`` cut for that depth. The tick's work is
     ``hop_cost.TICK_OVERHEAD_S``, read now.
     """
     n, overhead = len(model), hop_cost.TICK_OVERHEAD_S
     forbidden = frozenset(tied_cuts(model))
     params = [sum(p.numel() for p in child.parameters() if p.requires_grad) for child in model] if learning else None
     meter = hop_cost.HopMeter(n, learning=learning)
-    if balance != AUTO:
-        depth = int(balance)
-        times = profile(on_output=meter)
-        cut = timed_cut(
+
+    def steady(times: Sequence[float], depth: int) -> tuple[int, ...]:
+        return steady_split(
             times,
-            meter.hop_times,
             depth,
-            overhead=overhead,
-            forbidden=forbidden,
             layer_params=params,
             boundary_bytes=meter.nbytes,
+            hop_times=meter.hop_times,
+            overhead=overhead,
+            forbidden=forbidden,
         )
-        partition = Partition(cut, times, meter.hop_times, overhead)
+
+    if balance != AUTO:
+        times = profile(on_output=meter)
+        partition = Partition(steady(times, int(balance)), times, meter.hop_times, overhead)
     else:
         top = max(1, min(usable_cores(), n - len(forbidden)))
         counts = {d: torch.get_num_threads() if threads is None else threads(d) for d in range(1, top + 1)}
@@ -182,15 +161,7 @@ def plan_timed(
         partition = choose_depth(profiles, meter.hop_times, max_depth=top, forbidden=forbidden, overhead=overhead)
         if partition.depth > 1:
             times = profiles[partition.depth]
-            cut = timed_cut(
-                times,
-                meter.hop_times,
-                partition.depth,
-                overhead=overhead,
-                forbidden=forbidden,
-                layer_params=params,
-                boundary_bytes=meter.nbytes,
-            )
+            cut = steady(times, partition.depth)
             partition = Partition(cut, times, meter.hop_times, overhead, partition.sequential_time)
     log.debug("boundary bytes per tick: %s", meter.nbytes)
     return partition

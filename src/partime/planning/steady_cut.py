@@ -16,12 +16,12 @@ The weight count is a proxy for how much a layer has to learn, and one that need
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Collection, Sequence
 
 from ..learning.compensation import delay
-from .hop_cost import stage_hop
-from .partition import Partition, best_split
+from .partition import Partition, best_split, stage_time_table
 
 DELAY_SLACK = 0.1
 """How much slower than the fastest cut's slowest stage a cut that delays fewer weights may be (10%)."""
@@ -82,46 +82,33 @@ def steady_split(
     for name, value in (("slack", slack), ("noise", noise)):
         if not (math.isfinite(value) and value >= 0):
             raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
-    seconds = Partition(fastest, tuple(times), None if hop_times is None else tuple(hop_times), overhead)
-    # seg[a][b]: the time of a stage of layers a to b - 1, exactly as best_split adds it up
-    seg = [[0.0] * (n + 1) for _ in range(n + 1)]
-    weights = [[0] * (n + 1) for _ in range(n + 1)]
-    priced = hop_times is not None or overhead != 0
-    hops = None if hop_times is None else list(hop_times)
-    for a in range(n):
-        total: float = 0
-        for b in range(a + 1, n + 1):
-            total += times[b - 1]
-            seg[a][b] = total + stage_hop(a, b, n, hops, overhead) if priced else total
-            weights[a][b] = weights[a][b - 1] + params[b - 1]
-    quickest = max(seg[a][b] for a, b in seconds.bounds)
+    seg = stage_time_table(times, None if hop_times is None else list(hop_times), overhead)
+    prefix = list(itertools.accumulate(params, initial=0))  # prefix[b] - prefix[a]: the weights of layers a to b - 1
+    quickest = max(seg[a][b] for a, b in Partition(fastest).bounds)
     banned = set(forbidden)
+    Key = tuple[int, float, int, int, tuple[int, ...]]
 
-    def cheapest(bound: float, key: str) -> tuple[int, float, int, int, tuple[int, ...]]:
-        """The best cut, each stage within ``bound``: by (delay cost, slowest stage) for "fast", by
-        (delay cost, 0, bytes, evenness, balance) for "steady"."""
-        # best[b]: the key of the best cut of the first b layers into k stages (absent: none).
-        # Each part of the key adds up (or, the slowest stage, takes the max) over stages, so
+    def cheapest(bound: float, fast: bool) -> Key:
+        """The best cut whose every stage takes at most ``bound``: by (delay cost, slowest stage)
+        when ``fast``, else by (delay cost, bytes across the cuts, evenness, balance)."""
+        # best[b]: the key of the best cut of the first b layers into the stages so far (absent:
+        # none). Each part of the key adds up over stages (the slowest stage: takes the max), so
         # the best cut of b layers extends a best cut of some prefix.
-        Key = tuple[int, float, int, int, tuple[int, ...]]
-
-        def extend(prior: Key | None, a: int, b: int, k: int) -> Key:
-            cost = weights[a][b] * delay(k, depth)
-            crossing = nbytes[a - 1] if a > 0 else 0
-            off = (depth * a - k * n) ** 2 if a > 0 else 0
-            if prior is None:
-                return (cost, seg[a][b] if key == "fast" else 0.0, 0, 0, (b,))
-            slowest = max(prior[1], seg[a][b]) if key == "fast" else 0.0
-            return (prior[0] + cost, slowest, prior[2] + crossing, prior[3] + off, prior[4] + (b - a,))
-
-        best: dict[int, Key] = {b: extend(None, 0, b, 0) for b in range(1, n + 1) if seg[0][b] <= bound}
-        for k in range(1, depth):
+        best: dict[int, Key] = {0: (0, 0.0, 0, 0, ())}
+        for k in range(depth):
             longer: dict[int, Key] = {}
             for b in range(k + 1, n + 1):
                 options = [
-                    extend(best[a], a, b, k)
+                    (
+                        cost + (prefix[b] - prefix[a]) * delay(k, depth),
+                        max(slowest, seg[a][b]) if fast else 0.0,
+                        crossing + (nbytes[a - 1] if a else 0),
+                        off + ((depth * a - k * n) ** 2 if a else 0),
+                        balance + (b - a,),
+                    )
                     for a in range(k, b)
                     if a in best and a not in banned and seg[a][b] <= bound
+                    for cost, slowest, crossing, off, balance in (best[a],)
                 ]
                 if options:
                     longer[b] = min(options)
@@ -131,5 +118,5 @@ def steady_split(
     if layer_params is None:
         band = quickest * (1 + noise)
     else:  # no cut slower than the slack allows, so the cheapest in the band costs what the fastest of them does
-        band = min(cheapest(quickest * (1 + slack), "fast")[1] * (1 + noise), quickest * (1 + slack))
-    return cheapest(band, "steady")[4]
+        band = min(cheapest(quickest * (1 + slack), fast=True)[1] * (1 + noise), quickest * (1 + slack))
+    return cheapest(band, fast=False)[4]
