@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from torch import Tensor
 
@@ -11,6 +12,9 @@ from torch import Tensor
 @dataclass
 class Result:
     """What one sample yields: its index, the pipeline's output and, when learning, its loss.
+
+    ``output`` is what the model returns: a tensor or a flat tuple of tensors; for a model traced
+    on a sample (``Pipeline(sample=...)``), what its forward returns, such as a ``ModelOutput``.
 
     ``skipped`` under ``nonfinite="skip"``: the sample did not take part in learning. Its input
     was not finite (then ``output`` and ``loss`` are None: it never went forward), or its loss
@@ -27,7 +31,7 @@ class Result:
     """
 
     index: int
-    output: Tensor | tuple[Tensor, ...] | None
+    output: Any
     loss: float | None = None
     skipped: bool = False
     target: Tensor | tuple[Tensor, ...] | None = None

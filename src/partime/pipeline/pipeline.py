@@ -34,7 +34,8 @@ from ..planning.planner import plan
 from ..result import Result
 from ..sources import MONOTONIC, Clock
 from ..traced.partition import describe
-from ..traced.tracing import boundary_specs, layers_of
+from ..traced.structured_loss import StructuredLoss
+from ..traced.tracing import boundary_specs, layers_of, traced_forward
 from . import arrivals
 from .argument_checks import Devices, check_arguments
 from .one_caller import OneCaller
@@ -169,7 +170,14 @@ class Pipeline:
             self._executor: Executor | None = None
             # the pipeline's own copy: the caller's model is never changed
             self._root = copy.deepcopy(model) if isinstance(model, nn.Module) else model
-            layers = layers_of(self._root)  # the copy itself, or its traced graph's segments
+            # the copy itself, or its traced graph's segments (traced on the sample where fx cannot trace it alone)
+            layers = layers_of(self._root, sample)
+            self._traced_forward = traced_forward(layers)
+            sample = self._traced_forward.flat_sample(sample)  # a dict of named inputs as the graph's tuple
+            # the loss is given what the model returns (a ModelOutput), made of the graph's tensors
+            stage_loss = loss_fn
+            if loss_fn is not None and self._traced_forward.out_tree is not None:
+                stage_loss = StructuredLoss(loss_fn, self._traced_forward)
             # a traced model's boundaries, shown by the sample: a value that cannot cross a cut fails here
             self._specs: tuple[ValueSpec, ...] | None = None
             if layers is not self._root and sample is not None:
@@ -198,7 +206,7 @@ class Pipeline:
             self._balance: int | Sequence[int] = args.depth if isinstance(balance, str) else balance
             self._config = StageConfig(
                 depth,
-                loss_fn,
+                stage_loss,
                 optimizer,
                 grad_mode,
                 False,
@@ -583,6 +591,8 @@ class Pipeline:
         self._check_open()
         index = self._state.next_index
         try:
+            x = self._traced_forward.flat_sample(x)
+            self._traced_forward.check_traced_on(x)
             self._state.check_sample(index, x, y, self._config.learning)
             bad = nonfinite(x)
             if bad is not None and self._config.nonfinite == "raise":
@@ -609,6 +619,7 @@ class Pipeline:
         else:
             assert self._executor is not None, "no result is held, so the executor has started"
             result = self._guard(self._executor.next_result)
+        result.output = self._traced_forward.structured(result.output)  # what the model returns: a ModelOutput
         state.handed_out(result, self._clock.now())
         if self._config.nonfinite == "skip":
             self._skips.note(result)

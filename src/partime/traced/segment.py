@@ -21,7 +21,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+import torch
 from torch import Tensor, nn
+from torch.utils._pytree import TreeSpec, tree_unflatten, treespec_leaf
+
+from ..core.boundary_values import TensorSpec
 
 
 @dataclass(frozen=True)
@@ -51,11 +55,74 @@ class Step(NamedTuple):
 class Forward:
     """The traced model's ``forward``, for messages about a sample that does not fit it: the model's
     class name, the signature (``"(x, mask=None)"``) and the arguments left at their defaults (fx's
-    ``concrete_args``: no inputs of the traced graph)."""
+    ``concrete_args``: no inputs of the traced graph).
+
+    A forward traced on a sample (``traced.exporting``) also has the shapes and dtypes it was
+    traced on (``traced_on``: its graph holds them, and a sample of others is refused), the names
+    of its inputs where the sample was a dict of them (``names``: ``flat_sample`` makes such a
+    sample the tuple the graph takes), and the pytree structure of what it returns (``out_tree``,
+    as ``tree_of`` gives it: ``structured`` makes the model's output of the graph's tensors)."""
 
     model: str = "the model"
     signature: str = ""
     left: tuple[str, ...] = ()
+    names: tuple[str, ...] = ()
+    traced_on: tuple[TensorSpec, ...] | None = None
+    out_tree: Any = None
+
+    def flat_sample(self, sample: Any) -> Any:
+        """``sample`` as the traced graph takes it: a dict of the named inputs as the tuple of them
+        in order (one tensor for one input); any other sample as it is. A TypeError for a dict
+        without the names."""
+        if not self.names or not isinstance(sample, Mapping):
+            return sample
+        if set(sample) != set(self.names):
+            missing, extra = [n for n in self.names if n not in sample], [k for k in sample if k not in self.names]
+            raise TypeError(
+                f"{self.model}.forward was traced on a sample of {', '.join(self.names)}: give every sample as a "
+                f"dict of these{f', without {extra}' if extra else ''}{f', with {missing}' if missing else ''}"
+            )
+        values = tuple(sample[n] for n in self.names)
+        return values[0] if len(values) == 1 else values
+
+    def structured(self, output: Any) -> Any:
+        """The model's own output (a ``ModelOutput``, a dict) of the traced graph's ``output``; the
+        output as it is for a forward traced without a sample."""
+        if self.out_tree is None or output is None:
+            return output
+        leaves = [output] if isinstance(output, Tensor) else list(output)
+        return tree_unflatten(leaves, _spec_of(self.out_tree))
+
+    def check_traced_on(self, sample: Any) -> None:
+        """A TypeError unless ``sample`` (a tensor, or a tuple of them) has the shapes and dtypes
+        traced on; a sample of another kind is for the other checks to refuse."""
+        tensors = (sample,) if isinstance(sample, Tensor) else sample
+        if self.traced_on is None or not isinstance(tensors, tuple) or not all(isinstance(t, Tensor) for t in tensors):
+            return
+        got = tuple(TensorSpec(tuple(t.shape), t.dtype) for t in tensors)
+        if got != self.traced_on:
+            names = self.names or tuple(f"input {k}" for k in range(len(got)))
+            shown = ", ".join(f"{n} {s}" for n, s in zip(names, self.traced_on))
+            seen = ", ".join(f"{n} {s}" for n, s in zip(names, got))
+            raise TypeError(
+                f"{self.model}.forward was traced on a sample of {shown}, and this sample is {seen}: a graph "
+                "traced on a sample holds its shapes and dtypes. Give every sample the traced shapes (pad a "
+                "sequence to the traced length), or make one Pipeline per shape, each with sample= of it"
+            )
+
+
+def tree_of(spec: TreeSpec) -> Any:
+    """A pytree structure as plain values that pickle and copy: None for a leaf, else its type,
+    context and children's (torch's ``TreeSpec`` warns as it is pickled or copied)."""
+    return None if spec.is_leaf() else (spec.type, spec.context, tuple(tree_of(c) for c in spec.children()))
+
+
+def _spec_of(tree: Any) -> TreeSpec:
+    """The ``TreeSpec`` of a structure that ``tree_of`` gave."""
+    if tree is None:
+        return treespec_leaf()
+    kind, context, children = tree
+    return TreeSpec(kind, context, [_spec_of(c) for c in children])
 
 
 @dataclass(frozen=True)
@@ -72,6 +139,41 @@ class Program:
     last: bool
     where: Mapping[str, str]
     forward: Forward
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Travel with each ATen op (``torch.ops.aten.add.Tensor``, of a graph torch.export made) by
+        its name, which pickle cannot take the op itself by, and find the op again by it."""
+        steps = tuple(step._replace(target=OpName.of(step.target)) for step in self.steps)
+        return (
+            _program_of,
+            (self.node, steps, self.takes, self.gives, self.unpack, self.first, self.last, self.where, self.forward),
+        )
+
+
+@dataclass(frozen=True)
+class OpName:
+    """An operator of ``torch.ops`` by name: ``aten``, ``add``, ``Tensor``."""
+
+    namespace: str
+    name: str
+    overload: str
+
+    @staticmethod
+    def of(target: Any) -> Any:
+        """``target`` by name if it is an operator of ``torch.ops``; else ``target`` itself."""
+        if isinstance(target, torch._ops.OpOverload):
+            return OpName(target.namespace, target._opname, target._overloadname)
+        return target
+
+    def op(self) -> torch._ops.OpOverload:
+        """The operator this names."""
+        return getattr(getattr(getattr(torch.ops, self.namespace), self.name), self.overload)
+
+
+def _program_of(node: str, steps: tuple[Step, ...], *rest: Any) -> Program:
+    """A ``Program`` made again where it traveled to, each operator found by its name."""
+    found = tuple(step._replace(target=step.target.op()) if isinstance(step.target, OpName) else step for step in steps)
+    return Program(node, found, *rest)
 
 
 class Segment(nn.Module):
@@ -130,6 +232,7 @@ class Segment(nn.Module):
         fits = isinstance(sample, Tensor) if n == 1 else isinstance(sample, tuple) and len(sample) == n
         if not fits:
             raise TypeError(self._bad_sample(sample))
+        self._program.forward.check_traced_on(sample)
 
     def hold(self, name: str, obj: nn.Module | Tensor, *, persistent: bool = True) -> None:
         """Hold ``obj`` (a module, a parameter, or a buffer or other tensor) as ``name`` (a dotted

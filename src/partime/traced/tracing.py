@@ -66,6 +66,7 @@ import torch
 from torch import fx, nn
 
 from ..core.boundary_values import ValueSpec, as_tensors, spec_of
+from .exporting import export_graph, exported_output
 from .graph import build, inline_nodes
 from .segment import Forward, Segment
 
@@ -82,6 +83,7 @@ VIEWS = frozenset(
     | {"diagonal", "detach", "contiguous", "unfold", "movedim", "swapaxes", "swapdims", "getitem", "T", "mT"}
     | {"tensor_split", "hsplit", "vsplit", "view_as_real", "view_as_complex", "real", "imag", "data"}
     | {"to", "type", "type_as", "float", "double", "half", "bfloat16", "cpu", "cuda"}  # self, where nothing changes
+    | {"slice", "alias", "_unsafe_view", "split_with_sizes", "unsafe_split", "_reshape_alias"}  # ATen's own
 )
 """Ops whose result may share the memory of their first argument (so writing into it writes there)."""
 
@@ -143,9 +145,13 @@ for _name, _symbol in _AUGMENTED_OPERATORS.items():
     setattr(AugmentedProxy, f"__i{_name.rstrip('_')}__", _augmented(_name, _symbol))
 
 
-def layers_of(model: nn.Module) -> nn.Sequential:
+def layers_of(model: nn.Module, sample: Any = None) -> nn.Sequential:
     """``model`` itself if it is an ``nn.Sequential``; else its traced graph as segments (see the
-    module), which hold ``model``'s own submodules and tensors. A TypeError for what cannot be cut."""
+    module), which hold ``model``'s own submodules and tensors. A TypeError for what cannot be cut.
+
+    A forward that fx cannot trace symbolically (control flow on shapes or dtypes, ``**kwargs``)
+    is traced by torch.export on ``sample``, where one is given (``traced.exporting``): its
+    segments hold the model's own tensors, and the graph its shapes."""
     if isinstance(model, nn.Sequential):
         return model
     if not isinstance(model, nn.Module):
@@ -160,10 +166,36 @@ def layers_of(model: nn.Module) -> nn.Sequential:
             f"{name} is one of torch's own layers, which partime keeps whole (it cuts between layers); "
             "wrap it: nn.Sequential(model)"
         )
-    graph = model.graph if isinstance(model, fx.GraphModule) else trace(model)
+    forward = _forward_of(model)
+    if isinstance(model, fx.GraphModule):
+        graph = model.graph
+    else:
+        try:
+            graph = trace(model)
+        except TypeError as exc:
+            if sample is None:
+                raise TypeError(f"{exc}; {EXPORT_HINT}") from exc.__cause__
+            exported, forward = export_graph(model, sample)
+            _check(exported.graph, model)
+            check_writes(exported.graph, model)
+            return build(exported, exported.graph, where, forward)
     _check(graph, model)
     check_writes(graph, model)
-    return build(model, graph, where, _forward_of(model))
+    return build(model, graph, where, forward)
+
+
+EXPORT_HINT = (
+    "or give the Pipeline sample= (one sample as the model takes it: a tensor, a tuple, or a dict of named tensors "
+    "such as input_ids and attention_mask), and partime traces the forward with torch.export on it, specialised to "
+    "its shapes"
+)
+
+
+def traced_forward(layers: nn.Sequential) -> Forward:
+    """The traced model's ``Forward`` if ``layers`` are its segments; else an empty one, which
+    takes samples as they are and gives outputs as they are."""
+    first = next(iter(layers._modules.values()), None)
+    return first.traced_forward if isinstance(first, Segment) else Forward()
 
 
 def trace(model: nn.Module) -> fx.Graph:
@@ -230,7 +262,10 @@ def boundary_specs(layers: nn.Sequential, sample: Any, model: nn.Module | None =
     if model is not None:
         with torch.random.fork_rng(devices=devices), torch.no_grad():
             copied = tuple(t.detach().clone() for t in as_tensors(sample, "sample"))
-            expected = copy.deepcopy(model)(*copied)
+            if isinstance(first, Segment) and first.traced_forward.traced_on is not None:
+                expected = exported_output(copy.deepcopy(model), first.traced_forward, copied)
+            else:
+                expected = copy.deepcopy(model)(*copied)
         difference = _difference(value, expected)
         if difference:
             name = type(model).__name__
@@ -434,6 +469,8 @@ def _op_name(node: fx.Node) -> str:
         return str(node.target)
     if node.op != "call_function":
         return ""
+    if isinstance(node.target, torch._ops.OpOverload):  # an ATen op of an exported graph: aten.add_.Tensor
+        return str(node.target._opname)
     if node.target is getattr and len(node.args) > 1:
         return str(node.args[1])
     return str(getattr(node.target, "__name__", ""))
@@ -525,5 +562,6 @@ __all__ = [
     "check_writes",
     "layers_of",
     "trace",
+    "traced_forward",
     "where",
 ]

@@ -1,0 +1,155 @@
+"""Hugging Face transformers models, as built from their configs, traced by torch.export on a
+sample (partime.traced.exporting): their own outputs to the bit, learning equal to inline on every
+executor, and the samples a graph traced on a sample refuses."""
+
+import copy
+import functools
+
+import hf_models as hf
+import pytest
+import torch
+from torch import nn
+
+import partime
+from partime.traced.tracing import layers_of
+
+
+def even(n, depth):
+    return [n // depth + (i < n % depth) for i in range(depth)]
+
+
+@functools.cache
+def layer_count(name, training=True):
+    """How many layers the model's graph has: its dropouts are ops of it in training mode only."""
+    xs, _ = hf.samples(name, 1)
+    return len(layers_of(hf.make(name).train(training), xs[0]))
+
+
+def learn(name, balance, executor, n=6):
+    xs, ys = hf.samples(name, n)
+    kw = dict(loss_fn=hf.hidden_loss, optimizer=hf.adam, threads=1, sample=xs[0])
+    with partime.Pipeline(hf.make(name), balance, executor=executor, **kw) as pipe:
+        results = [(r.index, tuple(r.output.values()), r.loss) for r in pipe.stream(xs, ys)]
+        return results, pipe.module.state_dict()
+
+
+@functools.cache
+def learnt_inline(name, depth):
+    return learn(name, even(layer_count(name), depth), "inline")
+
+
+@pytest.mark.parametrize("executor", ["inline", "thread", "process"])
+@pytest.mark.parametrize("depth", [2, 3])
+@pytest.mark.parametrize("name", hf.NAMES)
+def test_a_transformers_model_streams_its_own_outputs_to_the_bit(name, depth, executor):
+    model = hf.make(name).eval()
+    xs, _ = hf.samples(name, 4)
+    balance = even(layer_count(name, training=False), depth)
+    with partime.Pipeline(model, balance, executor=executor, threads=1, sample=xs[0]) as pipe:
+        outputs = [r.output for r in pipe.stream(xs)]
+    with torch.no_grad():
+        expected = [hf.outputs_of(model, x) for x in xs]
+    for i, (got, want) in enumerate(zip(outputs, expected, strict=True)):
+        assert type(got) is type(want) and got.keys() == want.keys(), i
+        assert all(torch.equal(got[k], want[k]) for k in want), i
+
+
+@pytest.mark.parametrize("executor", ["thread", "process"])
+@pytest.mark.parametrize("depth", [2, 3])
+@pytest.mark.parametrize("name", hf.NAMES)
+def test_a_transformers_model_learns_equal_to_inline(name, depth, executor):
+    inline_results, inline_state = learnt_inline(name, depth)
+    results, state = learn(name, even(layer_count(name), depth), executor)
+    assert [r[0] for r in results] == list(range(6))
+    for (i, out_a, loss_a), (_, out_b, loss_b) in zip(inline_results, results, strict=True):
+        assert loss_a == loss_b and all(torch.equal(a, b) for a, b in zip(out_a, out_b, strict=True)), i
+    assert state.keys() == inline_state.keys()
+    assert all(torch.equal(state[k], inline_state[k]) for k in state)
+    start = hf.make(name).state_dict()
+    assert sum(not torch.equal(v, start[k]) for k, v in state.items()) > len(start) // 2  # it learnt
+
+
+def test_one_stage_is_plain_online_learning_with_the_models_dropout():
+    model, given = hf.make("bert"), hf.make("bert")
+    xs, ys = hf.samples("bert", 5)
+    optimizer = hf.adam(model.parameters())
+    torch.manual_seed(7)
+    expected = []
+    for x, y in zip(xs, ys, strict=True):
+        loss = hf.hidden_loss(model(**x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        expected.append(loss.item())
+    torch.manual_seed(7)
+    kw = dict(
+        loss_fn=hf.hidden_loss, optimizer=hf.adam, executor="inline", sample=xs[0], threads=torch.get_num_threads()
+    )
+    with partime.Pipeline(given, 1, **kw) as pipe:
+        got = [r.loss for r in pipe.stream(xs, ys)]
+        state = pipe.module.state_dict()
+    assert got == expected
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in state.items())
+
+
+def test_a_sample_of_other_shapes_than_traced_is_refused_naming_both():
+    xs, _ = hf.samples("gpt2", 1)
+    longer = {"input_ids": torch.zeros(1, hf.TOKENS + 1, dtype=torch.long)}
+    with partime.Pipeline(hf.make("gpt2").eval(), 2, executor="inline", sample=xs[0]) as pipe:
+        with pytest.raises(
+            TypeError, match=r"traced on a sample of input_ids \(1, 8\) int64.*\(1, 9\) int64.*one Pipeline per shape"
+        ):
+            pipe.step(longer)
+        pipe.step(xs[0])  # the refused sample used up its index
+        assert pipe.fed == 2
+
+
+def test_a_sample_without_the_traced_names_is_refused_naming_them():
+    xs, _ = hf.samples("bert", 1)
+    with partime.Pipeline(hf.make("bert").eval(), 2, executor="inline", sample=xs[0]) as pipe:
+        with pytest.raises(TypeError, match=r"input_ids, attention_mask.*with \['attention_mask'\]"):
+            pipe.step({"input_ids": xs[0]["input_ids"]})
+
+
+def test_without_a_sample_the_error_says_to_give_one():
+    with pytest.raises(TypeError, match=r"\*\*kwargs.*give the Pipeline sample="):
+        partime.Pipeline(hf.make("vit"), 2, executor="inline")
+
+
+class Windows(nn.Module):
+    """A module of one's own that reads its input's shape in Python, and takes named arguments."""
+
+    def __init__(self):
+        super().__init__()
+        self.first, self.second = nn.Linear(6, 6), nn.Linear(6, 6)
+
+    def forward(self, x, scale):
+        if x.shape[0] > 1:  # fx cannot trace this symbolically; torch.export takes the sample's branch
+            x = x.flip(0)
+        return {"y": self.second(torch.relu(self.first(x)) * scale), "x": x + 1}
+
+
+def test_a_module_of_ones_own_with_control_flow_on_shapes_is_traced_on_its_sample():
+    torch.manual_seed(0)
+    model = Windows()
+    xs = [{"x": torch.randn(3, 6), "scale": torch.rand(3, 1)} for _ in range(4)]
+    with partime.Pipeline(model, 2, executor="process", threads=1, sample=xs[0]) as pipe:
+        outputs = [r.output for r in pipe.stream(xs)]
+    for got, x in zip(outputs, xs, strict=True):
+        want = model(**x)
+        assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+
+
+def test_a_dict_that_names_no_argument_of_forward_is_refused():
+    with pytest.raises(TypeError, match=r"takes no argument 'pixels'"):
+        partime.Pipeline(Windows(), 2, executor="inline", sample={"x": torch.zeros(3, 6), "pixels": torch.zeros(1)})
+
+
+def test_the_segments_hold_the_models_own_tensors():
+    model = hf.make("bert")
+    xs, _ = hf.samples("bert", 1)
+    layers = layers_of(model, xs[0])
+    held = {id(t) for layer in layers for t in [*layer.parameters(), *layer.buffers()]}
+    assert {id(p) for p in model.parameters()} <= held
+    assert id(model.embeddings.position_ids) in held  # a buffer stays a buffer
+    assert copy.deepcopy(layers)  # and they copy, as the balancer's probes do
