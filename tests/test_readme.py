@@ -32,10 +32,11 @@ def test_the_traced_models_section_runs(tmp_path):
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[0].startswith("2 stages: [") and any(line.startswith("  stage 0 -> 1: ") for line in lines)
-    assert lines[-3:] == [
+    assert lines[-4:] == [
         "(('down', 'relu', 'pool'), ('mid', 'relu_1', 'up', 'cat', 'out'))",
         "stage 0 -> 1: 2 tensors, 10240 bytes: relu (1, 8, 16, 16) float32, pool (1, 8, 8, 8) float32",
         "[(1, 8), (1, 8), (1, 8)]",
+        "BaseModelOutputWithPastAndCrossAttentions (1, 16, 64)",
     ]
 
 

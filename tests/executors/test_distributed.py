@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
+import hf_models
 import traced_models
 from models import (
     CONV_BALANCES,
@@ -77,6 +78,16 @@ def run(executor, model, balance, xs, ys=None, **kw):
     """Stream ``xs``: the results and the trained model (rank 0), or nothing (ranks > 0)."""
     with partime.Pipeline(model, balance, executor=executor, threads=1, **kw) as pipe:
         results = [(r.index, r.output, r.loss) for r in pipe.stream(xs, ys)]
+        return results, [p.detach().clone() for p in pipe.module.parameters()], pipe.partition
+
+
+def transformers_run(executor, balance):
+    """A transformers GPT-2 learning from its named inputs: each result as (index, the tensors of its
+    ModelOutput, loss), the trained weights, and the partition (rank 0)."""
+    xs, ys = hf_models.samples("gpt2", SAMPLES // 4)
+    kw = dict(loss_fn=hf_models.hidden_loss, optimizer=hf_models.adam, sample=xs[0])
+    with partime.Pipeline(hf_models.make("gpt2"), balance, executor=executor, threads=1, **kw) as pipe:
+        results = [(r.index, tuple(r.output.values()), r.loss) for r in pipe.stream(xs, ys)]
         return results, [p.detach().clone() for p in pipe.module.parameters()], pipe.partition
 
 
@@ -217,6 +228,7 @@ def rank_main(scenario, out):
             sample=traced_xs[0] if rank == 0 else None,
             **learning("stash"),
         )
+        seen["transformers"] = transformers_run("distributed", depth)  # every rank traces it on the sample
         for grad_mode in LEARNING:
             seen[f"skip {grad_mode}"] = skipping("distributed", depth, grad_mode)
         if rank == 0:
@@ -360,6 +372,16 @@ def test_a_traced_module_learns_as_inline_does(ranks):
     xs, ys = traced_models.samples("resnet", SAMPLES)
     inline = run("inline", traced_models.make("resnet"), list(partition.balance), xs, ys, **learning("stash"))
     assert_same((results, params, partition), inline)
+
+
+def test_a_transformers_model_learns_as_inline_does(ranks):
+    depth, seen = ranks
+    results, params, partition = seen["transformers"]
+    assert partition.depth == depth and len(results) == SAMPLES // 4
+    inline = transformers_run("inline", list(partition.balance))
+    for (i, out_a, loss_a), (_, out_b, loss_b) in zip(results, inline[0], strict=True):
+        assert loss_a == loss_b and all(torch.equal(a, b) for a, b in zip(out_a, out_b, strict=True)), i
+    assert all(torch.equal(p, q) for p, q in zip(params, inline[1], strict=True))
 
 
 def test_tuple_activations_and_unsupervised_loss_match_inline(ranks):

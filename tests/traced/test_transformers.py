@@ -153,3 +153,23 @@ def test_the_segments_hold_the_models_own_tensors():
     assert {id(p) for p in model.parameters()} <= held
     assert id(model.embeddings.position_ids) in held  # a buffer stays a buffer
     assert copy.deepcopy(layers)  # and they copy, as the balancer's probes do
+
+
+def test_a_checkpoint_of_a_transformers_model_resumes_on_another_executor(tmp_path):
+    xs, ys = hf.samples("vit", 6)
+    balance = even(layer_count("vit"), 2)
+    kw = dict(loss_fn=hf.hidden_loss, optimizer=hf.adam, threads=1, sample=xs[0])
+    whole, whole_state = learn("vit", balance, "inline")
+    with partime.Pipeline(hf.make("vit"), balance, executor="inline", **kw) as pipe:
+        first = [pipe.step(x, y) for x, y in zip(xs[:3], ys[:3], strict=True)]
+        pipe.save(tmp_path / "run.pt")
+    with partime.Pipeline(hf.make("vit"), balance, executor="process", **kw) as pipe:
+        pipe.load(tmp_path / "run.pt")
+        rest = list(pipe.stream(xs[pipe.fed :], ys[pipe.fed :]))
+        state = pipe.module.state_dict()
+    got = [r for r in first if r is not None] + rest
+    assert [(r.index, r.loss) for r in got] == [(i, loss) for i, _, loss in whole]
+    assert all(
+        torch.equal(a, b) for r, (_, out, _) in zip(got, whole, strict=True) for a, b in zip(r.output.values(), out)
+    )
+    assert all(torch.equal(state[k], whole_state[k]) for k in state)

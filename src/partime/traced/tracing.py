@@ -5,9 +5,11 @@ torch.fx's symbolic tracer (``Tracer``): it needs no sample, it keeps the model'
 (torch's own layers are leaves: ``nn.Conv2d``, ``nn.BatchNorm2d``, ``nn.MultiheadAttention``; an
 ``nn.Sequential`` inside is traced through), so parameters and buffers stay with their modules
 and BatchNorm's statistics are the module's own, and it gives a graph in topological order.
-``torch.export`` would not do: it decomposes the model into aten ops and turns buffers into
-inputs and outputs of a functional graph, which loses the modules (and the identity of their
-tensors) that stages train, tie and hand back. ``traced.graph.build`` then makes the graph an
+``torch.export`` is the second choice only: its graph is of ATen ops, without the model's
+modules, and fixed to the mode and the shapes it was exported with; fx's keeps the modules, so a
+Dropout or a BatchNorm follows ``train()`` and ``eval()``. A forward fx cannot trace without values
+(control flow on shapes or dtypes, ``**kwargs``: transformers models) is exported on the
+pipeline's ``sample=`` (``traced.exporting``), and its ops are cut as fx's nodes are. ``traced.graph.build`` then makes the graph an
 ``nn.Sequential`` of ``traced.segment.Segment`` layers, one per computing node, so that every
 executor, grad mode, checkpoint and the balancer work on it as on any ``nn.Sequential``; running
 them one after another runs the graph's own ops in its order, so the outputs are the model's to the
