@@ -13,10 +13,10 @@ import sys
 import time
 from pathlib import Path
 
+import hf_models
 import pytest
 import torch
 import torch.distributed as dist
-import hf_models
 import traced_models
 from models import (
     CONV_BALANCES,
