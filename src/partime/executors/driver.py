@@ -17,6 +17,15 @@ each stage's finished ticks, and the sample of each (``work_at``). What a subcla
 
 The caller runs the last stage itself (``host``): every tick is offered to the workers first, and
 then run by the caller once it is fed, so that the workers start it at once, beside the caller.
+
+In inference the caller runs the stage it hosts one tick behind (``decoupled``): ``feed`` offers
+tick t and runs the hosted stage's tick t - 1, so that stage 0 may start sample t while the
+hosted stage still works on an earlier one, and a slow tick of one stage is absorbed by a slot of
+slack instead of stalling the other. The tick left behind is run before anything needs it: a
+result not out yet (``next_result``: a ``step`` still returns the result of its own tick), the end
+of a segment, a ``sync`` or a checkpoint. The stages run the same ticks on the same values in the
+same order (SPEC.md): only when the caller runs its own changes. Learning stays in lockstep: the
+hosted stage's gradient is what the stage before it waits for.
 """
 
 from __future__ import annotations
@@ -58,6 +67,10 @@ class Driver(Executor):
     _layout: Layout
     _ready: list[bool]
     _hosted: HostedStage | None = None  # the last stage, if the caller runs it (``host``)
+    _behind: int | None = None  # the hosted stage's tick offered and not run yet (inference: ``decoupled``)
+
+    decoupled = True
+    """Whether the caller runs the stage it hosts one tick behind in inference (see the module)."""
 
     def begin(self) -> None:
         """Set up the counts: call once in ``start``, before the first wait."""
@@ -133,10 +146,22 @@ class Driver(Executor):
         self._fed_at.append((self._offered, index))
         self._offer(1)
         self._feeder.feed(index, x, y, self._waiting(f"stage 0 to take sample {index}", 0))
-        if self._hosted is not None:
+        if self._hosted is None:
+            return
+        if self.decoupled and self.depth > 1 and not self.config.learning:
+            self.catch_up()  # the tick before, left behind: this one is left behind in its turn
+            self._behind = self._offered - 1
+        else:
             self._hosted.run_tick(self._waiting_for_hosted(self._offered - 1))
 
+    def catch_up(self) -> None:
+        """Run the hosted stage's tick left behind, if there is one (see the module)."""
+        if self._behind is not None and self._hosted is not None:
+            tick, self._behind = self._behind, None
+            self._hosted.run_tick(self._waiting_for_hosted(tick))
+
     def end(self) -> None:
+        self.catch_up()
         samples = self._feeder.fed
         if self._segment is not None:
             self._segment[2] = samples
@@ -155,12 +180,16 @@ class Driver(Executor):
         self._offered += ticks
 
     def next_result(self) -> Result:
+        results = self._results
+        if self._behind is not None and isinstance(results, Local) and results.empty():
+            self.catch_up()  # the result comes out of the tick left behind
         waiting = self._waiting("the next result", self.depth - 1)
         result = result_of(self._results.get(check=waiting), self._layout.output, self.config.learning)
         self._feeder.used(result.index)
         return result
 
     def sync(self) -> None:
+        self.catch_up()
         check = self._waiting(f"every stage to finish tick {self._offered - 1}")
         for i, ticks in enumerate(self._ticks):
             while self._seen[i] < self._offered:

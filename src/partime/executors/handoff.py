@@ -61,6 +61,10 @@ class Handoff:
             values = tuple(t.detach().contiguous() for t in tensors)
         self._items.put(Message(kind, index, scalar, values))
 
+    def empty(self) -> bool:
+        """Whether no message is waiting to be taken."""
+        return self._items.empty()
+
     def get(self, *, check: Callable[[], None] | None = None) -> Message:
         """The oldest message, waiting for one, ``POLL_S`` at a time; whatever ``check`` raises while
         waiting propagates."""
