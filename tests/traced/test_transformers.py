@@ -140,6 +140,31 @@ def test_a_module_of_ones_own_with_control_flow_on_shapes_is_traced_on_its_sampl
         assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
 
 
+class Masked(nn.Module):
+    """A forward fx traces alone, of two named inputs."""
+
+    def __init__(self):
+        super().__init__()
+        self.first, self.second = nn.Linear(6, 6), nn.Linear(6, 6)
+
+    def forward(self, x, mask):
+        return self.second(torch.relu(self.first(x)) * mask)
+
+
+def test_a_module_fx_traces_alone_takes_its_inputs_by_name_too():
+    torch.manual_seed(0)
+    model = Masked()
+    xs = [{"mask": torch.rand(3, 1), "x": torch.randn(3, 6)} for _ in range(4)]
+    with partime.Pipeline(model, 2, executor="thread", threads=1, sample=xs[0]) as pipe:
+        outputs = [r.output for r in pipe.stream(xs)]
+        assert pipe.partition.nodes[0] == "first"  # traced by fx: the model's own modules are its nodes
+        with pytest.raises(
+            TypeError, match=r"takes x, mask: give every sample as a dict of these, with \['mask'\]"
+        ):
+            pipe.step({"x": xs[0]["x"]})
+    assert all(torch.equal(got, model(**x)) for got, x in zip(outputs, xs, strict=True))
+
+
 def test_a_dict_that_names_no_argument_of_forward_is_refused():
     with pytest.raises(TypeError, match=r"takes no argument 'pixels'"):
         partime.Pipeline(Windows(), 2, executor="inline", sample={"x": torch.zeros(3, 6), "pixels": torch.zeros(1)})

@@ -79,8 +79,8 @@ class Forward:
         if set(sample) != set(self.names):
             missing, extra = [n for n in self.names if n not in sample], [k for k in sample if k not in self.names]
             raise TypeError(
-                f"{self.model}.forward was traced on a sample of {', '.join(self.names)}: give every sample as a "
-                f"dict of these{f', without {extra}' if extra else ''}{f', with {missing}' if missing else ''}"
+                f"the traced {self.model}.forward takes {', '.join(self.names)}: give every sample as a dict of "
+                f"these{f', without {extra}' if extra else ''}{f', with {missing}' if missing else ''}"
             )
         values = tuple(sample[n] for n in self.names)
         return values[0] if len(values) == 1 else values

@@ -43,7 +43,7 @@ makes it, at its first forward: when the pipeline is made if it is given ``sampl
 (``boundary_specs``), else at the first sample.
 
 The arguments of ``forward`` that have a default are left at it (fx's ``concrete_args``); the
-sample gives the others: one tensor, or a tuple with one per argument. A sample that does not fit
+sample gives the others: one tensor, a tuple with one per argument, or a dict of them by name. A sample that does not fit
 is refused, naming the forward's inputs and how to give them (``Segment.check_sample``).
 
 What the graph cannot show is checked on a sample: ``boundary_specs(layers, sample, model)`` runs
@@ -462,7 +462,8 @@ def _forward_of(model: nn.Module) -> Forward:
         return Forward(type(model).__name__)
     signature = f"({', '.join(str(p) for p in parameters)})"
     left = tuple(p.name for p in parameters if p.default is not p.empty and p.kind not in _VARIADIC)
-    return Forward(type(model).__name__, signature, left)
+    inputs = tuple(p.name for p in parameters if p.default is p.empty and p.kind not in _VARIADIC)
+    return Forward(type(model).__name__, signature, left, names=inputs)  # a sample may name its inputs
 
 
 def _op_name(node: fx.Node) -> str:

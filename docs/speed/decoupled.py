@@ -1,0 +1,80 @@
+"""Inference at D = 2 with the caller's hosted stage one tick behind the workers (decoupled, the
+default) and in lockstep, beside the physical bound: the slower of the model's own halves alone.
+
+The model is 8 × Conv3×3 with 24 channels and ReLU (16 layers, cut [8, 8]), on 24 × 24, 32 × 32
+and 48 × 48 frames (stages of about 0.5, 1 and 2 ms here); one torch thread per stage. Each round
+runs every contender once, in turn, on the same 300 frames after 50 to warm up; the figures are
+medians over the rounds, in ms per sample. "of the bound" is the slower half's time over the
+pipeline's (1.00: as fast as the slower half alone).
+
+Run with nothing else on the machine: ``.venv/bin/python docs/speed/decoupled.py`` (the table in
+``decoupled.txt`` came from it).
+"""
+
+import statistics
+import time
+
+import torch
+from torch import nn
+
+import partime
+from partime.executors.driver import Driver
+
+ROUNDS = 5
+FRAMES = 300
+WARM = 50
+
+
+def model() -> nn.Sequential:
+    torch.manual_seed(0)
+    layers: list[nn.Module] = []
+    for _ in range(8):
+        layers += [nn.Conv2d(24, 24, 3, padding=1), nn.ReLU()]
+    return nn.Sequential(*layers)
+
+
+def alone(piece: nn.Module, xs: list[torch.Tensor]) -> float:
+    """ms per sample of ``piece`` alone on ``xs``, under inference mode, one thread."""
+    with torch.inference_mode():
+        for x in xs[:WARM]:
+            piece(x)
+        start = time.perf_counter()
+        for x in xs[WARM:]:
+            piece(x)
+    return (time.perf_counter() - start) / (len(xs) - WARM) * 1e3
+
+
+def pipelined(executor: str, decoupled: bool, xs: list[torch.Tensor]) -> float:
+    Driver.decoupled = decoupled
+    with partime.Pipeline(model(), [8, 8], executor=executor, threads=1) as pipe:
+        for _ in pipe.stream(xs[:WARM]):
+            pass
+        start = time.perf_counter()
+        for _ in pipe.stream(xs[WARM:]):
+            pass
+    return (time.perf_counter() - start) / (len(xs) - WARM) * 1e3
+
+
+def main() -> None:
+    torch.set_num_threads(1)
+    print(f"{'frames':>8} {'contender':>22} {'ms/sample':>10} {'of the bound':>13}")
+    for size in (24, 32, 48):
+        xs = [torch.randn(1, 24, size, size) for _ in range(FRAMES + WARM)]
+        whole = model()
+        times: dict[str, list[float]] = {}
+        for _ in range(ROUNDS):
+            halves = [alone(whole[:8], xs), alone(whole[8:], xs)]
+            times.setdefault("slower half alone", []).append(max(halves))
+            times.setdefault("plain model", []).append(alone(whole, xs))
+            for executor in ("process", "thread"):
+                for decoupled in (True, False):
+                    name = f"{executor} {'decoupled' if decoupled else 'lockstep'}"
+                    times.setdefault(name, []).append(pipelined(executor, decoupled, xs))
+        bound = statistics.median(times["slower half alone"])
+        for name, values in times.items():
+            ms = statistics.median(values)
+            print(f"{size:>5}x{size:<2} {name:>22} {ms:10.3f} {bound / ms:13.2f}")
+
+
+if __name__ == "__main__":
+    main()
