@@ -158,11 +158,36 @@ def test_a_module_fx_traces_alone_takes_its_inputs_by_name_too():
     with partime.Pipeline(model, 2, executor="thread", threads=1, sample=xs[0]) as pipe:
         outputs = [r.output for r in pipe.stream(xs)]
         assert pipe.partition.nodes[0] == "first"  # traced by fx: the model's own modules are its nodes
-        with pytest.raises(
-            TypeError, match=r"takes x, mask: give every sample as a dict of these, with \['mask'\]"
-        ):
+        with pytest.raises(TypeError, match=r"takes x, mask: give every sample as a dict of these, with \['mask'\]"):
             pipe.step({"x": xs[0]["x"]})
     assert all(torch.equal(got, model(**x)) for got, x in zip(outputs, xs, strict=True))
+
+
+class Doubling(nn.Module):
+    """Control flow on the input's shape, one tensor in and one out."""
+
+    def __init__(self):
+        super().__init__()
+        self.first, self.second = nn.Linear(6, 6), nn.Linear(6, 1)
+
+    def forward(self, x):
+        if x.shape[0] > 1:
+            x = x * 2
+        return self.second(torch.relu(self.first(x)))
+
+
+def test_a_model_traced_on_its_sample_that_returns_a_tensor_streams_tensors_and_learns_as_inline():
+    xs, ys = [torch.randn(3, 6) for _ in range(6)], [torch.randn(3, 1) for _ in range(6)]
+    torch.manual_seed(0)
+    model = Doubling()
+    with partime.Pipeline(copy.deepcopy(model), 2, executor="process", threads=1, sample=xs[0]) as pipe:
+        assert all(torch.equal(r.output, model(x)) for r, x in zip(pipe.stream(xs), xs, strict=True))
+    runs, balance = [], even(len(layers_of(copy.deepcopy(model), xs[0])), 2)
+    for executor in ("inline", "thread"):
+        kw = dict(loss_fn=nn.MSELoss(), optimizer=hf.adam, sample=xs[0], executor=executor, threads=1)
+        with partime.Pipeline(copy.deepcopy(model), balance, **kw) as pipe:
+            runs.append([(r.output, r.loss) for r in pipe.stream(xs, ys)])
+    assert all(torch.equal(a, b) and la == lb for (a, la), (b, lb) in zip(*runs, strict=True))
 
 
 def test_a_dict_that_names_no_argument_of_forward_is_refused():

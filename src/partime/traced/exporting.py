@@ -76,7 +76,7 @@ def export_graph(model: nn.Module, sample: Any) -> tuple[fx.GraphModule, Forward
             "output that is not made of tensors, cannot be traced so"
         ) from exc
     module = program.module()
-    out_spec = module._out_spec  # the pytree structure of forward's output, which the graph flattens
+    out_spec = program.call_spec.out_spec  # the pytree structure of forward's output, which the graph flattens
     _clean(module.graph, len(names))
     module.recompile()
     inputs = [node for node in module.graph.nodes if node.op == "placeholder"]
@@ -87,7 +87,7 @@ def export_graph(model: nn.Module, sample: Any) -> tuple[fx.GraphModule, Forward
         f"({', '.join(names)})",
         names=tuple(names) if kwargs else (),
         traced_on=traced_on,
-        out_tree=None if out_spec is None else tree_of(out_spec),
+        out_tree=tree_of(out_spec),
     )
     assert len(inputs) == len(names), "one placeholder per tensor of the sample"
     return module, forward

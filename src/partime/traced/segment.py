@@ -111,15 +111,19 @@ class Forward:
             )
 
 
+LEAF = "leaf"
+"""A leaf of a pytree structure as ``tree_of`` gives it: one tensor."""
+
+
 def tree_of(spec: TreeSpec) -> Any:
-    """A pytree structure as plain values that pickle and copy: None for a leaf, else its type,
-    context and children's (torch's ``TreeSpec`` warns as it is pickled or copied)."""
-    return None if spec.is_leaf() else (spec.type, spec.context, tuple(tree_of(c) for c in spec.children()))
+    """A pytree structure as plain values that pickle and copy: ``LEAF`` for a leaf, else its
+    type, context and children's (torch's ``TreeSpec`` warns as it is pickled or copied)."""
+    return LEAF if spec.is_leaf() else (spec.type, spec.context, tuple(tree_of(c) for c in spec.children()))
 
 
 def _spec_of(tree: Any) -> TreeSpec:
     """The ``TreeSpec`` of a structure that ``tree_of`` gave."""
-    if tree is None:
+    if tree == LEAF:
         return treespec_leaf()
     kind, context, children = tree
     return TreeSpec(kind, context, [_spec_of(c) for c in children])
