@@ -68,7 +68,11 @@ class Pipeline:
     ``model`` is an ``nn.Sequential``, whose layers are its children, or any other module whose
     forward torch.fx can trace, whose layers are the computing nodes of its graph, in order (see
     ``partime.traced.tracing``: what crosses a cut is every value computed before it and used after it;
-    what cannot be traced is refused with a TypeError naming the node or line, and the fix).
+    what cannot be traced is refused with a TypeError naming the node or line, and the fix). A
+    forward fx cannot trace alone (Python on shapes or dtypes, ``**kwargs``: transformers models)
+    is traced by torch.export on ``sample`` (``partime.traced.exporting``): every sample then has
+    its shapes, may be a dict of named inputs (``input_ids``, ``attention_mask``), and each result's
+    output, and what ``loss_fn`` is given, is what the forward returns (a ``ModelOutput``).
 
     ``balance`` is a list of layers per stage, or a number of stages D: then each layer is timed on
     ``sample`` (or the first streamed sample), with what each boundary between stages costs per
