@@ -53,7 +53,7 @@ from ..core.boundary_values import TensorSpec
 from .segment import Forward, tree_of
 
 NO_CACHE = {"use_cache": False}
-"""What a forward that takes these arguments is exported with, unless the sample gives them."""
+"""What a forward that names these arguments is exported with."""
 
 CHECKS_ONLY = ("_assert_tensor_metadata", "_assert_scalar", "sym_constrain_range_for_size")
 """ATen ops of an exported graph that only check the sample it was exported on."""
@@ -65,9 +65,8 @@ def export_graph(model: nn.Module, sample: Any) -> tuple[fx.GraphModule, Forward
     and the structure of its output. A TypeError naming what could not be exported."""
     name = type(model).__name__
     args, kwargs, names = _arguments(model, sample)
-    fixed = {k: v for k, v in NO_CACHE.items() if _names(model, k) and k not in kwargs}
     try:
-        program = torch.export.export(model, args, {**kwargs, **fixed}, strict=False)
+        program = torch.export.export(model, args, {**kwargs, **_fixed(model)}, strict=False)
     except Exception as exc:
         raise TypeError(
             f"cannot trace {name}.forward with torch.export on the sample either: {type(exc).__name__}: "
@@ -96,13 +95,17 @@ def export_graph(model: nn.Module, sample: Any) -> tuple[fx.GraphModule, Forward
 def exported_output(model: nn.Module, forward: Forward, tensors: tuple[Tensor, ...]) -> Tensor | tuple[Tensor, ...]:
     """What ``model.forward`` returns on ``tensors`` (a sample's, flat) called as ``export_graph``
     exported it, flattened as its graph returns it: one tensor, or a tuple of them."""
-    fixed = {k: v for k, v in NO_CACHE.items() if _names(model, k)}
     if forward.names:
-        out = model(**dict(zip(forward.names, tensors)), **fixed)
+        out = model(**dict(zip(forward.names, tensors)), **_fixed(model))
     else:
-        out = model(*tensors, **fixed)
-    leaves = tree_leaves(out)
-    return tuple(leaves)
+        out = model(*tensors, **_fixed(model))
+    return tuple(tree_leaves(out))
+
+
+def _fixed(model: nn.Module) -> dict[str, Any]:
+    """The arguments of ``NO_CACHE`` that ``model.forward`` names, as it is exported with them (a
+    sample, a dict of tensors, never gives them)."""
+    return {k: v for k, v in NO_CACHE.items() if _names(model, k)}
 
 
 def _arguments(model: nn.Module, sample: Any) -> tuple[tuple[Tensor, ...], dict[str, Tensor], list[str]]:

@@ -236,7 +236,6 @@ class Segment(nn.Module):
         fits = isinstance(sample, Tensor) if n == 1 else isinstance(sample, tuple) and len(sample) == n
         if not fits:
             raise TypeError(self._bad_sample(sample))
-        self._program.forward.check_traced_on(sample)
 
     def hold(self, name: str, obj: nn.Module | Tensor, *, persistent: bool = True) -> None:
         """Hold ``obj`` (a module, a parameter, or a buffer or other tensor) as ``name`` (a dotted

@@ -168,7 +168,7 @@ def layers_of(model: nn.Module, sample: Any = None) -> nn.Sequential:
             f"{name} is one of torch's own layers, which partime keeps whole (it cuts between layers); "
             "wrap it: nn.Sequential(model)"
         )
-    forward = _forward_of(model)
+    source, forward = model, _forward_of(model)  # source: what holds the graph's modules and tensors
     if isinstance(model, fx.GraphModule):
         graph = model.graph
     else:
@@ -177,13 +177,11 @@ def layers_of(model: nn.Module, sample: Any = None) -> nn.Sequential:
         except TypeError as exc:
             if sample is None:
                 raise TypeError(f"{exc}; {EXPORT_HINT}") from exc.__cause__
-            exported, forward = export_graph(model, sample)
-            _check(exported.graph, model)
-            check_writes(exported.graph, model)
-            return build(exported, exported.graph, where, forward)
+            source, forward = export_graph(model, sample)
+            graph = source.graph
     _check(graph, model)
     check_writes(graph, model)
-    return build(model, graph, where, forward)
+    return build(source, graph, where, forward)
 
 
 EXPORT_HINT = (
@@ -264,8 +262,8 @@ def boundary_specs(layers: nn.Sequential, sample: Any, model: nn.Module | None =
     if model is not None:
         with torch.random.fork_rng(devices=devices), torch.no_grad():
             copied = tuple(t.detach().clone() for t in as_tensors(sample, "sample"))
-            if isinstance(first, Segment) and first.traced_forward.traced_on is not None:
-                expected = exported_output(copy.deepcopy(model), first.traced_forward, copied)
+            if traced_forward(layers).traced_on is not None:
+                expected = exported_output(copy.deepcopy(model), traced_forward(layers), copied)
             else:
                 expected = copy.deepcopy(model)(*copied)
         difference = _difference(value, expected)
