@@ -62,6 +62,22 @@ def test_adam_prediction_by_hand(decoupled):
     assert OptimizerPrediction(opt, [param], delay=2).predict()[0].item() == pytest.approx(expected, rel=1e-12)
 
 
+def test_adam_predicts_each_parameter_of_a_group_from_its_own_step_count():
+    # the group's parameters are shifted together; one that missed a step has its own bias correction
+    taken, missed = scalar(1.0), scalar(-1.0)
+    opt = torch.optim.Adam([taken, missed], lr=0.01, betas=(0.8, 0.9), eps=1e-6)
+    for g in (2.0, 1.0, -3.0):
+        taken.grad = torch.tensor([g], dtype=torch.float64)
+        missed.grad = None if g == 1.0 else torch.tensor([g], dtype=torch.float64)
+        opt.step()
+    predicted = OptimizerPrediction(opt, [taken, missed], delay=2).predict()
+    for param, got in zip((taken, missed), predicted):
+        alone = torch.optim.Adam([param], lr=0.01, betas=(0.8, 0.9), eps=1e-6)
+        alone.state[param] = opt.state[param]  # the same parameter, alone in a group of its own
+        assert got.item() == OptimizerPrediction(alone, [param], delay=2).predict()[0].item()
+    assert float(opt.state[taken]["step"]) == 3 and float(opt.state[missed]["step"]) == 2
+
+
 def test_spike_compensation_of_momentum_by_hand():
     param, tau, lr, mu = scalar(), 2, 0.1, 0.9
     opt = torch.optim.SGD([param], lr=lr, momentum=mu)

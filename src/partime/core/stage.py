@@ -48,6 +48,7 @@ from .stage_config import (
 from .stage_learning import compensation_state, load_compensation_state, make_learning, step
 from .stage_random import RandomStream
 from .stage_record import Forward, record_from, record_state, to_device, value_of
+from .tensor_slots import TensorSlots
 
 __all__ = [
     "DEFAULT_GRAD_MODE",
@@ -89,6 +90,7 @@ class Stage:
         self.config = config
         self.device = torch.device(device)
         self.module = module.to(self.device)
+        self._slots = TensorSlots(self.module)  # to run a forward with other weights or buffers
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
         self._names = [n for n, _ in named]
         self._params = [p for _, p in named]
@@ -297,9 +299,7 @@ class Stage:
             hooks = keep(record.sample, record.saved)
         randomness = RandomStream.replaying(record.random) if again else self._drawing()
         with torch.enable_grad(), hooks, randomness:
-            if swapped:
-                out = torch.func.functional_call(self.module, swapped, (value,))
-            else:
+            with self._slots.holding(swapped):
                 out = self.module(value)
         self._out_is_tuple = not isinstance(out, Tensor)
         return as_tensors(out, f"output of stage {self.index}")

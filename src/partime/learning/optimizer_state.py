@@ -183,37 +183,47 @@ class OptimizerPrediction:
 
     @torch.no_grad()
     def predict(self) -> list[Tensor]:
-        """Leaf copies of the weights the optimizer reaches in ``delay`` steps with no new gradient."""
+        """Leaf copies of the weights the optimizer reaches in ``delay`` steps with no new gradient.
+
+        Each group's parameters are shifted together, with torch's ``_foreach`` ops: the same
+        arithmetic, element by element, as one parameter at a time, in a few calls per step ahead
+        instead of a few per parameter."""
         ahead = {p: p.detach().clone() for p in self.params}
         if self.delay > 0:
             for group in self.optimizer.param_groups:
-                for p in group["params"]:
-                    if p in ahead:
-                        self._shift(group, p, ahead[p])
+                mine = [p for p in group["params"] if p in ahead]
+                if mine:
+                    self._shift(group, mine, [ahead[p] for p in mine])
         return [ahead[p].requires_grad_() for p in self.params]
 
-    def _shift(self, group: dict, p: Tensor, out: Tensor) -> None:
-        state = self.optimizer.state.get(p, {})
+    def _shift(self, group: dict, params: list[Tensor], out: list[Tensor]) -> None:
+        """Move ``out`` (copies of ``params``, of one group) along the group's next ``delay`` steps."""
         tau, lr = self.delay, float(group["lr"])  # buffers hold the sign the optimizer descends along
+        states = [self.optimizer.state.get(p, {}) for p in params]
         if isinstance(self.optimizer, torch.optim.SGD):
-            buf = state.get("momentum_buffer")
             mu = float(group["momentum"])
-            if buf is None or mu == 0:
+            moving = [(o, s["momentum_buffer"]) for o, s in zip(out, states) if s.get("momentum_buffer") is not None]
+            if not moving or mu == 0:
                 return
             first = 2 if group["nesterov"] else 1
-            out.add_(buf, alpha=-lr * sum(mu**k for k in range(first, first + tau)))
+            torch._foreach_add_(
+                [o for o, _ in moving], [b for _, b in moving], alpha=-lr * sum(mu**k for k in range(first, first + tau))
+            )
             return
-        if "exp_avg" not in state:
+        kept = [(p, o, s) for p, o, s in zip(params, out, states) if "exp_avg" in s]
+        if not kept:
             return
         beta1, beta2 = (float(b) for b in group["betas"])
-        t = float(state["step"])
-        second = state["max_exp_avg_sq"] if group["amsgrad"] else state["exp_avg_sq"]
-        root = second.sqrt()
+        steps = [float(s["step"]) for _, _, s in kept]
+        moved = [o for _, o, _ in kept]
+        averages = [s["exp_avg"] for _, _, s in kept]
+        roots = torch._foreach_sqrt([s["max_exp_avg_sq"] if group["amsgrad"] else s["exp_avg_sq"] for _, _, s in kept])
         for k in range(1, tau + 1):
-            denom = (root / math.sqrt(1 - beta2 ** (t + k))).add_(group["eps"])
-            out.addcdiv_(state["exp_avg"], denom, value=-lr * beta1**k / (1 - beta1 ** (t + k)))
+            denoms = torch._foreach_div(roots, [math.sqrt(1 - beta2 ** (t + k)) for t in steps])
+            torch._foreach_add_(denoms, group["eps"])
+            torch._foreach_addcdiv_(moved, averages, denoms, [-lr * beta1**k / (1 - beta1 ** (t + k)) for t in steps])
         if group["weight_decay"] and _decoupled(self.optimizer, group):
-            out.add_(p.detach(), alpha=-tau * lr * group["weight_decay"])
+            torch._foreach_add_(moved, [p.detach() for p, _, _ in kept], alpha=-tau * lr * group["weight_decay"])
 
 
 class SpikeCompensation:
