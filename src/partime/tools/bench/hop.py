@@ -1,7 +1,10 @@
 """How long one hop through a shared-memory channel takes between two processes, for ``partime bench``.
 
 A user of ``partime.executors.process.shared_memory``: a spawned child echoes every message back, and half the round
-trip is one ``put`` and one ``get``.
+trip is one ``put`` and one ``get``. Both ends run at one torch thread, as a pipeline's stages do (``threads=1``):
+at torch's default count, a copy of more than 32,768 elements is split between threads, and on a machine with as
+many cores as the two processes those threads wait for a core the other process holds (a hop of 216 KB took
+about 3 ms on a 2-core VM at the default count, 20 µs at one thread).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import torch.multiprocessing as mp
 from ...core.boundary_values import TensorSpec
 from ...executors.messages import KIND_DATA, KIND_END
 from ...executors.process.shared_memory import SPIN_S, Aborted, Channel
+from ...planning.planner import torch_threads
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +33,7 @@ def _parent_alive() -> None:
 
 def _echo(inbox: Channel, outbox: Channel) -> None:
     """Child side of ``measure_hop``: send every DATA message straight back, until END."""
+    torch.set_num_threads(1)
     while True:
         msg = inbox.get(check=_parent_alive)
         if msg.kind != KIND_DATA:
@@ -64,12 +69,13 @@ def measure_hop(nbytes: int = 65536, rounds: int = 2000, *, spin_s: float | None
     hops = []
     child.start()
     try:
-        for i in range(warmup + rounds):
-            t0 = time.perf_counter()
-            ping.put(KIND_DATA, i, payload, check=child_alive)
-            pong.get(check=child_alive)
-            if i >= warmup:
-                hops.append((time.perf_counter() - t0) / 2)
+        with torch_threads(1):
+            for i in range(warmup + rounds):
+                t0 = time.perf_counter()
+                ping.put(KIND_DATA, i, payload, check=child_alive)
+                pong.get(check=child_alive)
+                if i >= warmup:
+                    hops.append((time.perf_counter() - t0) / 2)
         ping.put(KIND_END, warmup + rounds, check=child_alive)
         child.join(timeout=10)
     finally:
