@@ -240,3 +240,15 @@ def test_a_sweep_learns_with_each_optimizer_in_turn(tmp_path):
         for key in ("speedup_vs_seq_allcores", "bound_ms", "ms_over_bound", "own_tick_ms", "ms_over_own_tick"):
             assert finite_positive(pipe[key]), key
         assert pipe["bound_stage_ms"] == found["bound D=2"]["ms_per_sample"] == pipe["bound_ms"]
+
+
+def test_a_sweep_with_infer_times_inference_only(tmp_path):
+    path = tmp_path / "sweep.json"
+    args = ["bench", "--sizes", "8", "--samples", "5", "--rounds", "1", "--infer", "--executor", "thread"]
+    result = CliRunner().invoke(main, [*args, "--json", str(path)])
+    assert result.exit_code == 0, result.output
+    output = " ".join(result.output.split())
+    assert "partime bench, inference" in output and "partime bench, learning" not in output
+    rows = json.loads(path.read_text())
+    assert {r["mode"] for r in rows} == {"inference"}
+    assert {"sequential 1 thread", "thread D=2", "bound D=2", "own tick D=2"} <= {r["contender"] for r in rows}

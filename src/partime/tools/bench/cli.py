@@ -145,6 +145,12 @@ def _advancing(bar: Progress, task: TaskID) -> Callable[[str], None]:
     "--optimizer) instead of inferring; with --sizes: time learning only.",
 )
 @click.option(
+    "--infer",
+    is_flag=True,
+    default=False,
+    help="With --sizes: time inference only.",
+)
+@click.option(
     "--optimizer",
     "optimizers",
     default=None,
@@ -195,6 +201,7 @@ def bench(
     sizes: tuple[int, ...] | None,
     rate: float | str | None,
     learn: bool,
+    infer: bool,
     optimizers: tuple[str, ...] | None,
     rounds: int | None,
     model: str | None,
@@ -213,6 +220,10 @@ def bench(
             param_hint="--optimizer",
         )
     optimizer = (optimizers or ("sgd",))[0]
+    if infer and (sizes is None or learn):
+        raise click.BadParameter(
+            "goes with --sizes only, without --learn (the plain bench times both modes)", param_hint="--infer"
+        )
     if rate is not None:
         if optimizers is not None and not learn:
             raise click.BadParameter(
@@ -245,7 +256,7 @@ def bench(
             f"the model has {layers + 1} layers: depths go up to {layers + 1}, got {max(depths)}", param_hint="--depths"
         )
     if sizes is not None:
-        modes = ("learning",) if learn else MODES
+        modes = ("learning",) if learn else ("inference",) if infer else MODES
         return _bench_sweep(
             sizes,
             depths,
