@@ -1,5 +1,7 @@
 """Inference at D = 2 with the caller's hosted stage one tick behind the workers (decoupled, the
 default) and in lockstep, beside the physical bound: the slower of the model's own halves alone.
+Beside them, both halves at once, each in a process of its own with plain torch and nothing handed
+between them: what the machine's two cores give two halves that run together, with no pipeline.
 
 The model is 8 × Conv3×3 with 24 channels and ReLU (16 layers, cut [8, 8]), on 24 × 24, 32 × 32
 and 48 × 48 frames (stages of about 0.5, 1 and 2 ms here); one torch thread per stage. Each round
@@ -15,6 +17,7 @@ import statistics
 import time
 
 import torch
+import torch.multiprocessing as mp
 from torch import nn
 
 import partime
@@ -44,6 +47,30 @@ def alone(piece: nn.Module, xs: list[torch.Tensor]) -> float:
     return (time.perf_counter() - start) / (len(xs) - WARM) * 1e3
 
 
+def one_half(half: int, size: int, start: mp.Barrier, times: mp.Queue) -> None:
+    """In a process of its own: half ``half`` of the model alone on frames of ``size``, once the
+    other half is ready too; its ms per sample goes to ``times``."""
+    torch.set_num_threads(1)
+    whole = model()
+    piece = whole[:8] if half == 0 else whole[8:]
+    xs = [torch.randn(1, 24, size, size) for _ in range(FRAMES + WARM)]
+    start.wait()
+    times.put(alone(piece, xs))
+
+
+def halves_at_once(size: int) -> float:
+    """ms per sample of the slower of the two halves, run at the same time in two processes."""
+    ctx = mp.get_context("spawn")
+    start, times = ctx.Barrier(2), ctx.Queue()
+    workers = [ctx.Process(target=one_half, args=(half, size, start, times)) for half in (0, 1)]
+    for worker in workers:
+        worker.start()
+    slower = max(times.get() for _ in workers)
+    for worker in workers:
+        worker.join()
+    return slower
+
+
 def pipelined(executor: str, decoupled: bool, xs: list[torch.Tensor]) -> float:
     Driver.decoupled = decoupled
     with partime.Pipeline(model(), [8, 8], executor=executor, threads=1) as pipe:
@@ -66,6 +93,7 @@ def main() -> None:
             halves = [alone(whole[:8], xs), alone(whole[8:], xs)]
             times.setdefault("slower half alone", []).append(max(halves))
             times.setdefault("plain model", []).append(alone(whole, xs))
+            times.setdefault("halves at once", []).append(halves_at_once(size))
             for executor in ("process", "thread"):
                 for decoupled in (True, False):
                     name = f"{executor} {'decoupled' if decoupled else 'lockstep'}"

@@ -1,6 +1,8 @@
 """One learning tick of stage 0 of the bench's conv model at D = 2, 24 x 24 frames, as partime's
 own ``Stage`` runs it under each grad mode and compensation, beside the same layers' forward,
-backward and SGD step in plain torch: what the machinery adds to a tick.
+backward and step in plain torch: what the machinery adds to a tick, with SGD and with Adam
+(``compensation="auto"``: ``step-scale`` and ``delay-correction`` for SGD, ``step-scale``,
+``optimizer-prediction`` and ``long-momentum`` for Adam).
 
 Run with nothing else on the machine: ``.venv/bin/python docs/speed/stage_tick.py``
 (the figures in ``stage_tick.txt`` and the README came from it).
@@ -28,8 +30,12 @@ def sgd(params):
     return torch.optim.SGD(params, lr=0.01)
 
 
-def partime_tick(mode, compensation):
-    config = StageConfig(2, nn.CrossEntropyLoss(), sgd, mode, True, compensation)
+def adam(params):
+    return torch.optim.Adam(params, lr=0.001)
+
+
+def partime_tick(mode, compensation, optimizer=sgd):
+    config = StageConfig(2, nn.CrossEntropyLoss(), optimizer, mode, True, compensation)
     stage, count = Stage(0, copy.deepcopy(stage0), config), [0]
 
     def tick():  # the forward of sample i, then the product of sample i - 2's gradient and the step
@@ -42,9 +48,9 @@ def partime_tick(mode, compensation):
     return tick
 
 
-def plain_tick():
+def plain_tick(make=sgd):
     model = copy.deepcopy(stage0)
-    optimizer = sgd(model.parameters())
+    optimizer = make(model.parameters())
 
     def tick():
         optimizer.zero_grad()
@@ -61,6 +67,9 @@ contenders = {
     "graph-stash + step-scale + delay-correction": partime_tick("graph-stash", ("step-scale", "delay-correction")),
     "stash + step-scale + delay-correction": partime_tick("stash", ("step-scale", "delay-correction")),
     "weight-stash, no compensation": partime_tick("weight-stash", ()),
+    "Adam: plain torch": plain_tick(adam),
+    "Adam: graph-stash, no compensation": partime_tick("graph-stash", (), adam),
+    "Adam: graph-stash, compensation auto": partime_tick("graph-stash", ("auto",), adam),
 }
 times = {name: [] for name in contenders}
 for tick in contenders.values():

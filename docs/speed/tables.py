@@ -1,7 +1,13 @@
-"""The README's speed tables, from the JSON of one ``partime bench --sizes`` run (and of
-``benchmarks/torch_pipelining.py``, when given)::
+"""The README's speed tables, from the JSON of ``partime bench --sizes`` runs (and of
+``benchmarks/torch_pipelining.py``, when given as the last file)::
 
-    .venv/bin/python docs/speed/tables.py docs/speed/sweep.json docs/speed/torch_pipelining.json
+    .venv/bin/python docs/speed/tables.py docs/speed/sweep-inference.json docs/speed/learning.json \
+        docs/speed/torch_pipelining.json
+
+One speed table and one latency table per mode and optimizer found in the bench's files. A
+pipeline's cell gives its speed-up, then its time per sample over the bound (the slowest of the
+model's own pieces of the cut, alone with plain torch) and over partime's own tick (the slowest
+stage alone as partime's ``Stage`` runs it).
 """
 
 import json
@@ -12,9 +18,8 @@ from pathlib import Path
 ORDER = ("sequential 1 thread", "sequential 2 threads", "replicas D=2", "process D=2", "thread D=2", "process auto")
 
 
-def speed_table(rows: list[dict], mode: str) -> str:
+def speed_table(rows: list[dict]) -> str:
     """Speed-up over the sequential model on one thread, per size: one column per size."""
-    rows = [r for r in rows if r["mode"] == mode]
     sizes = sorted({r["size"] for r in rows})
     by = {(r["contender"], r["size"]): r for r in rows}
     bound = {r["size"]: r for r in rows if r["kind"] == "bound" and "(" not in r["contender"]}
@@ -34,7 +39,7 @@ def speed_table(rows: list[dict], mode: str) -> str:
             r = by[(name, s)]
             cell = f"{seq[s] / r['ms_per_sample']:.2f}"
             if r["kind"] == "pipeline" and r.get("ms_over_bound"):
-                cell += f" ({r['ms_over_bound']:.2f}× bound)"
+                cell += f" ({r['ms_over_bound']:.2f}× bound, {r['ms_over_own_tick']:.2f}× own tick)"
             if name == "process auto":
                 cell += f" D={len(r['balance'])}"
             cells.append(cell)
@@ -42,9 +47,9 @@ def speed_table(rows: list[dict], mode: str) -> str:
     return "\n".join(lines)
 
 
-def latency_table(rows: list[dict], mode: str) -> str:
+def latency_table(rows: list[dict]) -> str:
     """p50 / p99 latency in ms, per size."""
-    rows = [r for r in rows if r["mode"] == mode and r["kind"] != "bound"]
+    rows = [r for r in rows if r["kind"] != "bound"]
     sizes = sorted({r["size"] for r in rows})
     by = {(r["contender"], r["size"]): r for r in rows}
     lines = [
@@ -77,14 +82,19 @@ def torch_table(rows: list[dict]) -> str:
 
 
 def main() -> None:
-    rows = json.loads(Path(sys.argv[1]).read_text())
-    for mode in ("inference", "learning"):
-        print(f"### {mode}: speed-up over the sequential model on 1 thread\n")
-        print(speed_table(rows, mode), "\n")
-        print(latency_table(rows, mode), "\n")
-    if len(sys.argv) > 2:
+    files = [json.loads(Path(name).read_text()) for name in sys.argv[1:]]
+    torch_rows = files.pop() if files and "microbatches" in files[-1][0] else None
+    for rows in files:
+        runs = sorted({(r["mode"], r.get("optimizer") or "") for r in rows})
+        for mode, optimizer in runs:
+            mine = [r for r in rows if r["mode"] == mode and (r.get("optimizer") or "") == optimizer]
+            with_ = f" with {optimizer}" if optimizer else ""
+            print(f"### {mode}{with_}: speed-up over the sequential model on 1 thread\n")
+            print(speed_table(mine), "\n")
+            print(latency_table(mine), "\n")
+    if torch_rows is not None:
         print("### torch.distributed.pipelining\n")
-        print(torch_table(json.loads(Path(sys.argv[2]).read_text())))
+        print(torch_table(torch_rows))
 
 
 if __name__ == "__main__":

@@ -299,7 +299,10 @@ class Stage:
             hooks = keep(record.sample, record.saved)
         randomness = RandomStream.replaying(record.random) if again else self._drawing()
         with torch.enable_grad(), hooks, randomness:
-            with self._slots.holding(swapped):
+            if swapped:
+                with self._slots.holding(swapped):
+                    out = self.module(value)
+            else:
                 out = self.module(value)
         self._out_is_tuple = not isinstance(out, Tensor)
         return as_tensors(out, f"output of stage {self.index}")

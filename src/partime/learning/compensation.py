@@ -224,32 +224,20 @@ class DelayCorrection:
 
     @torch.no_grad()
     def correct(self, anchor: Sequence[Tensor]) -> list[Tensor]:
-        """Scale the gradients in ``.grad`` for the steps taken since ``anchor``; the factors.
-
-        The elementwise products of every parameter are formed together, with torch's
-        ``_foreach`` ops (the same arithmetic as one parameter at a time, in a few calls)."""
-        live = [i for i, p in enumerate(self.params) if p.grad is not None]
-        grads = {i: self.params[i].grad for i in live}
-        # g ⊙ Δθ for every parameter with a gradient: (θ now − θ at the anchor) · g, as g · Δθ in floats
-        products = dict(zip(live, torch._foreach_sub([self.params[i] for i in live], [anchor[i] for i in live])))
-        torch._foreach_mul_(list(products.values()), list(grads.values()))
-        factors, scaled, by = [], [], []
+        """Scale the gradients in ``.grad`` for the steps taken since ``anchor``; the factors."""
+        factors = []
         for group in self.groups:
-            mine = [i for i in group if i in grads]
-            if not mine:
+            grads = [(i, grad) for i in group if (grad := self.params[i].grad) is not None]
+            if not grads:
                 continue
             # g_uᵀΔθ_u along the way the optimizer goes: negated where it ascends (exact in floats)
-            terms = [_per_row(products[i]) for i in mine]
-            terms = [-t if self.maximize[i] else t for i, t in zip(mine, terms)]
+            terms = [_per_row(grad * (self.params[i] - anchor[i])) for i, grad in grads]
+            terms = [-t if self.maximize[i] else t for (i, _), t in zip(grads, terms)]
             moved = sum(terms[1:], terms[0])  # a tensor: with a start, sum() never gives its 0
             factor = (1.0 + self.strength * moved).clamp_(DELAY_CORRECTION_FLOOR, 1.0)
-            for i in mine:
-                grad = grads[i]
-                scaled.append(grad)
-                by.append(factor.reshape(-1, *([1] * (grad.dim() - 1))) if grad.dim() else factor[0])
+            for _, grad in grads:
+                grad.mul_(factor.reshape(-1, *([1] * (grad.dim() - 1))) if grad.dim() else factor[0])
             factors.append(factor)
-        if scaled:
-            torch._foreach_mul_(scaled, by)
         return factors
 
 
