@@ -125,7 +125,10 @@ def install(out: str) -> None:
             if ticks[name] % WRITE_EVERY == 0:
                 counted = {n: ticks[n] - SKIP for n in span}
                 figures = {n: {"ticks": counted[n], "span": span[n][1] - span[n][0], **spent[n]} for n in span}
-                path.write_text(json.dumps(figures))
+                # threads of one process write in turn, each whole: a file half written is never read
+                partial = path.with_name(f"{path.name}.{threading.get_ident()}")
+                partial.write_text(json.dumps(figures))
+                os.replace(partial, path)
 
     def handoff_get(self, *args, **kwargs):
         start = time.perf_counter()
