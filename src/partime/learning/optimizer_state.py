@@ -207,7 +207,9 @@ class OptimizerPrediction:
                 return
             first = 2 if group["nesterov"] else 1
             torch._foreach_add_(
-                [o for o, _ in moving], [b for _, b in moving], alpha=-lr * sum(mu**k for k in range(first, first + tau))
+                [o for o, _ in moving],
+                [b for _, b in moving],
+                alpha=-lr * sum(mu**k for k in range(first, first + tau)),
             )
             return
         kept = [(p, o, s) for p, o, s in zip(params, out, states) if "exp_avg" in s]
