@@ -1,0 +1,105 @@
+"""Online learning at D = 2 with ``grad_mode="partime"`` and with the default grad mode, beside the
+physical bound: the slower of the model's own halves alone, each doing one forward, its backward
+and an SGD step per sample with plain torch.
+
+The model is 8 × Conv3×3 with 24 channels and ReLU (16 layers, cut [8, 8]) learning a regression
+onto random frames (mean squared error, SGD at 1e-3, the default compensation), on 24 × 24 and
+48 × 48 frames; one torch thread per stage. Each round runs every contender once, in turn, on the
+same frames after a warm-up; the figures are medians over the rounds, in ms per sample. "of the
+bound" is the slower half's time over the pipeline's.
+
+Run with nothing else on the machine: ``.venv/bin/python docs/speed/learning_partime.py``
+(the table in ``learning_partime.txt`` came from it).
+"""
+
+import copy
+import statistics
+import time
+
+import torch
+from torch import nn
+
+import partime
+
+ROUNDS = 4
+FRAMES = 400
+WARM = 40
+
+
+def model() -> nn.Sequential:
+    torch.manual_seed(0)
+    layers: list[nn.Module] = []
+    for _ in range(8):
+        layers += [nn.Conv2d(24, 24, 3, padding=1), nn.ReLU()]
+    return nn.Sequential(*layers)
+
+
+def sgd(params):
+    return torch.optim.SGD(params, lr=1e-3)
+
+
+def loss_fn(out, y):
+    return (out - y).pow(2).mean()
+
+
+def half_alone(piece: nn.Module, xs: list, ys: list, first: bool, last: bool) -> float:
+    """ms per sample of ``piece`` alone: forward, backward (from the loss at the last half, from a
+    fixed gradient before it) and the step, one thread."""
+    piece = copy.deepcopy(piece)
+    optimizer = sgd(piece.parameters())
+    with torch.no_grad():
+        grad = torch.randn_like(piece(xs[0]))
+
+    def one(x, y):
+        out = piece(x if first else x.clone().requires_grad_())
+        if last:
+            loss_fn(out, y).backward()
+        else:
+            out.backward(grad)
+        optimizer.step()
+        optimizer.zero_grad()
+
+    for x, y in zip(xs[:WARM], ys):
+        one(x, y)
+    start = time.perf_counter()
+    for x, y in zip(xs[WARM:], ys[WARM:]):
+        one(x, y)
+    return (time.perf_counter() - start) / (len(xs) - WARM) * 1e3
+
+
+def pipelined(xs: list, ys: list, grad_mode: str) -> float:
+    pipe = partime.Pipeline(
+        model(), [8, 8], executor="process", threads=1, loss_fn=loss_fn, optimizer=sgd, grad_mode=grad_mode
+    )
+    with pipe:
+        for _ in pipe.stream(xs[:WARM], ys[:WARM]):
+            pass
+        start = time.perf_counter()
+        for _ in pipe.stream(xs[WARM:], ys[WARM:]):
+            pass
+    return (time.perf_counter() - start) / (len(xs) - WARM) * 1e3
+
+
+def main() -> None:
+    torch.set_num_threads(1)
+    print(f"{'frames':>8} {'contender':>26} {'ms/sample':>10} {'of the bound':>13}")
+    for size in (24, 48):
+        xs = [torch.randn(1, 24, size, size) for _ in range(FRAMES + WARM)]
+        ys = [torch.randn(1, 24, size, size) for _ in range(FRAMES + WARM)]
+        whole = model()
+        with torch.no_grad():
+            middles = [whole[:8](x) for x in xs]
+        times: dict[str, list[float]] = {}
+        for _ in range(ROUNDS):
+            halves = [half_alone(whole[:8], xs, ys, True, False), half_alone(whole[8:], middles, ys, False, True)]
+            times.setdefault("slower half alone", []).append(max(halves))
+            for grad_mode in ("partime", "graph-stash"):
+                times.setdefault(f"process D=2, {grad_mode}", []).append(pipelined(xs, ys, grad_mode))
+        bound = statistics.median(times["slower half alone"])
+        for name, values in times.items():
+            ms = statistics.median(values)
+            print(f"{size:>5}x{size:<2} {name:>26} {ms:10.3f} {bound / ms:13.2f}")
+
+
+if __name__ == "__main__":
+    main()
