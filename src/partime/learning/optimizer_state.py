@@ -202,8 +202,10 @@ class OptimizerPrediction:
         states = [self.optimizer.state.get(p, {}) for p in params]
         if isinstance(self.optimizer, torch.optim.SGD):
             mu = float(group["momentum"])
+            if mu == 0:  # plain SGD keeps no momentum: its prediction is the weights as they are
+                return
             moving = [(o, s["momentum_buffer"]) for o, s in zip(out, states) if s.get("momentum_buffer") is not None]
-            if not moving or mu == 0:
+            if not moving:
                 return
             first = 2 if group["nesterov"] else 1
             torch._foreach_add_(
