@@ -142,7 +142,10 @@ class Executor(ABC):
 
     @abstractmethod
     def feed(self, index: int, x: Any, y: Any) -> None:
-        """Offer sample ``index`` (and its target, or None): run the next tick of the segment."""
+        """Offer sample ``index`` (and its target, or None): run the next tick of the segment.
+
+        ``y`` is the pipeline's own copy of the target, which becomes the result's: an executor may
+        hold it as it is (a checkpoint's targets in transit), and hands a stage a copy of its own."""
 
     @abstractmethod
     def next_result(self) -> Result:

@@ -56,12 +56,16 @@ class Feeder:
             self._unused.popleft()
 
     def target(self, index: int, tensors: tuple[Tensor, ...], check: Callable[[], None]) -> None:
-        """Send sample ``index``'s target (also: a checkpoint's targets in transit, when resuming)."""
+        """Send sample ``index``'s target (also: a checkpoint's targets in transit, when resuming).
+
+        The link sends the last stage a copy; ``tensors`` themselves are kept as they are, to be
+        copied only into a checkpoint (``in_transit``): the pipeline's own copy
+        (``Executor.feed``), or a checkpoint's, which no stage is handed."""
         if self.targets is None:
             raise ValueError(f"sample {index} has a target, but the last stage takes none")
         self.targets.put(KIND_DATA, index, tensors, check=check)
         if self.depth > 1:  # with one stage, a target is used in the tick it is fed
-            self._unused.append(transit_message(index, tensors))
+            self._unused.append({"sample": int(index), "tensors": list(tensors)})
 
     def end(self, check: Callable[[], None]) -> int:
         """End the segment; the number of samples it had."""
@@ -71,8 +75,9 @@ class Feeder:
         return samples
 
     def in_transit(self) -> list[dict[str, Any]]:
-        """The targets fed that the last stage has not used yet, as ``checkpoint.message`` dicts."""
-        return list(self._unused)
+        """The targets fed that the last stage has not used yet, as ``checkpoint.message`` dicts of
+        copies (the tensors kept become the results' targets, which the caller may change)."""
+        return [transit_message(m["sample"], m["tensors"]) for m in self._unused]
 
 
 def result_of(message: Message, output: ValueSpec, learning: bool) -> Result:

@@ -605,6 +605,7 @@ class Pipeline:
             self._state.next_index += 1  # a refused sample uses up its index (see the class docstring)
             raise
         executor = self._running(x, y)
+        y = copy_tensors(y)  # the pipeline's own copy: the result's target, held by executors in transit
         # a skipped sample goes in as a hole (None): the stages compute nothing on it
         self._guard(executor.feed, index, None if bad is not None else x, y)
         self._state.fed(index, y, at)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..core.boundary_layout import Layout
-from ..core.boundary_values import ValueSpec, check_like, copy_tensors, spec_of
+from ..core.boundary_values import ValueSpec, check_like, spec_of
 from ..result import Result
 
 
@@ -79,10 +79,10 @@ class PipelineState:
                 check_like(y, self.y_spec, f"target of sample {index}")
 
     def fed(self, index: int, y: Any, at: float) -> None:
-        """Note that sample ``index``, which arrived at ``at``, went in with target ``y`` (kept, as a
-        copy, for its result)."""
+        """Note that sample ``index``, which arrived at ``at``, went in with target ``y`` (the
+        pipeline's own copy, kept for its result)."""
         if y is not None:
-            self.given.append((index, copy_tensors(y)))
+            self.given.append((index, y))
         self.offered.append((index, at))
         self.next_index += 1
         self.in_segment += 1
