@@ -58,11 +58,12 @@ def one_half(half: int, size: int, start: mp.Barrier, times: mp.Queue) -> None:
     times.put(alone(piece, xs))
 
 
-def halves_at_once(size: int) -> float:
-    """ms per sample of the slower of the two halves, run at the same time in two processes."""
+def halves_at_once(size: int, run_half=one_half) -> float:
+    """ms per sample of the slower of the two halves, run at the same time in two processes:
+    ``run_half(half, size, start, times)`` in each (``one_half``: inference)."""
     ctx = mp.get_context("spawn")
     start, times = ctx.Barrier(2), ctx.Queue()
-    workers = [ctx.Process(target=one_half, args=(half, size, start, times)) for half in (0, 1)]
+    workers = [ctx.Process(target=run_half, args=(half, size, start, times)) for half in (0, 1)]
     for worker in workers:
         worker.start()
     slower = max(times.get() for _ in workers)

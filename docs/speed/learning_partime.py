@@ -22,7 +22,7 @@ import time
 
 import torch
 import torch.multiprocessing as mp
-from decoupled import model  # the same 8 × Conv3×3, beside this script
+from decoupled import halves_at_once, model  # the same 8 × Conv3×3, beside this script
 from torch import nn
 
 import partime
@@ -88,19 +88,6 @@ def one_half(half: int, size: int, start: mp.Barrier, times: mp.Queue) -> None:
         times.put(half_alone(whole[8:], middles, ys, False, True))
 
 
-def halves_at_once(size: int) -> float:
-    """ms per sample of the slower of the two halves, learning at the same time in two processes."""
-    ctx = mp.get_context("spawn")
-    start, times = ctx.Barrier(2), ctx.Queue()
-    workers = [ctx.Process(target=one_half, args=(half, size, start, times)) for half in (0, 1)]
-    for worker in workers:
-        worker.start()
-    slower = max(times.get() for _ in workers)
-    for worker in workers:
-        worker.join()
-    return slower
-
-
 def pipelined(xs: list, ys: list, grad_mode: str, compensation: str | tuple[str, ...]) -> float:
     pipe = partime.Pipeline(
         model(),
@@ -136,7 +123,7 @@ def main() -> None:
         for _ in range(ROUNDS):
             halves = [half_alone(whole[:8], xs, ys, True, False), half_alone(whole[8:], middles, ys, False, True)]
             times.setdefault("slower half alone", []).append(max(halves))
-            times.setdefault("halves at once", []).append(halves_at_once(size))
+            times.setdefault("halves at once", []).append(halves_at_once(size, one_half))
             for name, (grad_mode, compensation) in contenders.items():
                 times.setdefault(name, []).append(pipelined(xs, ys, grad_mode, compensation))
         bound = statistics.median(times["slower half alone"])
