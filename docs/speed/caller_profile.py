@@ -19,6 +19,7 @@ Run with nothing else on the machine: ``.venv/bin/python docs/speed/caller_profi
 """
 
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -73,18 +74,21 @@ def pipeline_and_items(case: str) -> tuple[partime.Pipeline, list, list | None]:
 
 
 def stream_forever(case: str) -> None:
-    """Stream ``case`` until killed; say when it is warm, then its ms per sample every 300 samples."""
+    """Stream ``case`` until interrupted (SIGINT); say when it is warm, then its ms per sample every 300 samples."""
     torch.set_num_threads(1)
     pipe, xs, ys = pipeline_and_items(case)
     with pipe:
         for _ in pipe.stream(xs) if ys is None else pipe.stream(xs, ys):
             pass
         print("warm", flush=True)
-        while True:
-            start = time.perf_counter()
-            for _ in pipe.stream(xs) if ys is None else pipe.stream(xs, ys):
-                pass
-            print(f"{(time.perf_counter() - start) / len(xs) * 1e3:.3f}", flush=True)
+        try:
+            while True:
+                start = time.perf_counter()
+                for _ in pipe.stream(xs) if ys is None else pipe.stream(xs, ys):
+                    pass
+                print(f"{(time.perf_counter() - start) / len(xs) * 1e3:.3f}", flush=True)
+        except KeyboardInterrupt:  # how ``profile`` stops it: the pipeline then closes as it should
+            pass
 
 
 def summary(raw: str) -> tuple[float, float, Counter]:
@@ -116,11 +120,12 @@ def profile(case: str) -> None:
             spy += ["-d", str(SECONDS), "-r", "500", "-f", "raw", "-o", out.name, "--nonblocking"]
             subprocess.run(spy, check=True, capture_output=True)
             stage, waiting, rest = summary(out.read())
-        worker.kill()
-        timings = [float(line) for line in worker.stdout.read().split()]
+        worker.send_signal(signal.SIGINT)
+        timings = [float(line) for line in worker.communicate(timeout=60)[0].split()]
     finally:
-        worker.kill()
-        worker.wait()
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
     ms = sorted(timings)[len(timings) // 2] if timings else float("nan")
     print(f"{case}: {ms:.3f} ms per sample (median over {len(timings)} runs of 300)")
     print(f"  {stage * 100:5.1f} %  inside the hosted stage (its module's forward, backward, step)")
