@@ -1,7 +1,9 @@
 """The inline executor against the plain model it runs, in inference, one sample at a time on one
 thread: what partime's own work adds when nothing runs in parallel (the bench's conv model at D = 2,
 48 x 48 frames). Beside them, the plain model under ``torch.inference_mode()`` instead of
-``torch.no_grad()``. The contenders run in turn, in rounds; the figures are medians over rounds.
+``torch.no_grad()``. The contenders run in turn, in rounds, each round starting one contender
+later than the one before; the figures are medians over rounds, of the time per sample and of its
+ratio to the plain model's in the same round.
 
 Run in a fresh process with nothing else on the machine: ``.venv/bin/python docs/speed/inline_vs_plain.py``
 (the figures in ``inline_vs_plain.txt`` came from it).
@@ -62,14 +64,18 @@ run_inline, pipe = inline()
 contenders["stages in the inline order"] = stages_in_order()
 contenders["inline, D = 2"] = run_inline
 times = {name: [] for name in contenders}
-for round_ in range(7):
-    for name, go in contenders.items():
+order = list(contenders)
+ROUNDS = 16
+for round_ in range(ROUNDS):
+    # each round starts one contender later: every contender runs after every other as often,
+    # since what ran just before moves a contender's time by a few percent on this machine
+    for name in order[round_ % len(order) :] + order[: round_ % len(order)]:
         start = time.perf_counter()
-        go()
+        contenders[name]()
         if round_:  # the first round warms up
             times[name].append((time.perf_counter() - start) / len(xs) * 1e3)
 pipe.close()
-base = statistics.median(times["plain, no_grad"])
+base = times["plain, no_grad"]
 for name, ts in times.items():
-    ms = statistics.median(ts)
-    print(f"{name:28s} {ms:.3f} ms per sample  ({ms / base:.3f} x plain, no_grad)")
+    ratio = statistics.median(t / b for t, b in zip(ts, base))  # against the plain model in the same round
+    print(f"{name:28s} {statistics.median(ts):.3f} ms per sample  ({ratio:.3f} x plain, no_grad, in the same round)")
