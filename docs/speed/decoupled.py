@@ -5,8 +5,8 @@ between them: what the machine's two cores give two halves that run together, wi
 
 The model is 8 × Conv3×3 with 24 channels and ReLU (16 layers, cut [8, 8]), on 24 × 24, 32 × 32
 and 48 × 48 frames (stages of about 0.5, 1 and 2 ms here); one torch thread per stage. Each round
-runs every contender once, in turn, on the same 300 frames after 50 to warm up; the figures are
-medians over the rounds, in ms per sample. "of the bound" is the slower half's time over the
+runs every contender once, in turn (each round starting one contender later), on the same 300
+frames after 50 to warm up; the figures are medians over the rounds, in ms per sample. "of the bound" is the slower half's time over the
 pipeline's (1.00: as fast as the slower half alone).
 
 Run with nothing else on the machine: ``.venv/bin/python docs/speed/decoupled.py`` (the table in
@@ -15,6 +15,7 @@ Run with nothing else on the machine: ``.venv/bin/python docs/speed/decoupled.py
 
 import statistics
 import time
+from functools import partial
 
 import torch
 import torch.multiprocessing as mp
@@ -22,6 +23,7 @@ from torch import nn
 
 import partime
 from partime.executors.driver import Driver
+from partime.tools.bench.sweep import round_order
 
 ROUNDS = 5
 FRAMES = 300
@@ -72,6 +74,11 @@ def halves_at_once(size: int, run_half=one_half) -> float:
     return slower
 
 
+def slower_half(whole: nn.Sequential, xs: list[torch.Tensor]) -> float:
+    """ms per sample of the slower of ``whole``'s halves, each alone."""
+    return max(alone(whole[:8], xs), alone(whole[8:], xs))
+
+
 def pipelined(executor: str, decoupled: bool, xs: list[torch.Tensor]) -> float:
     Driver.decoupled = decoupled
     with partime.Pipeline(model(), [8, 8], executor=executor, threads=1) as pipe:
@@ -89,16 +96,19 @@ def main() -> None:
     for size in (24, 32, 48):
         xs = [torch.randn(1, 24, size, size) for _ in range(FRAMES + WARM)]
         whole = model()
-        times: dict[str, list[float]] = {}
-        for _ in range(ROUNDS):
-            halves = [alone(whole[:8], xs), alone(whole[8:], xs)]
-            times.setdefault("slower half alone", []).append(max(halves))
-            times.setdefault("plain model", []).append(alone(whole, xs))
-            times.setdefault("halves at once", []).append(halves_at_once(size))
-            for executor in ("process", "thread"):
-                for decoupled in (True, False):
-                    name = f"{executor} {'decoupled' if decoupled else 'lockstep'}"
-                    times.setdefault(name, []).append(pipelined(executor, decoupled, xs))
+        contenders = {
+            "slower half alone": partial(slower_half, whole, xs),
+            "plain model": partial(alone, whole, xs),
+            "halves at once": partial(halves_at_once, size),
+        }
+        for executor in ("process", "thread"):
+            for decoupled in (True, False):
+                name = f"{executor} {'decoupled' if decoupled else 'lockstep'}"
+                contenders[name] = partial(pipelined, executor, decoupled, xs)
+        times: dict[str, list[float]] = {name: [] for name in contenders}
+        for order in round_order(list(contenders), ROUNDS):  # each round starts one contender later
+            for name in order:
+                times[name].append(contenders[name]())
         bound = statistics.median(times["slower half alone"])
         for name, values in times.items():
             ms = statistics.median(values)

@@ -17,6 +17,7 @@ import torch
 import partime
 from partime.core.stage import Stage, StageConfig
 from partime.tools.bench.models import conv3_net
+from partime.tools.bench.sweep import round_order
 
 torch.set_num_threads(1)
 torch.manual_seed(0)
@@ -64,12 +65,10 @@ run_inline, pipe = inline()
 contenders["stages in the inline order"] = stages_in_order()
 contenders["inline, D = 2"] = run_inline
 times = {name: [] for name in contenders}
-order = list(contenders)
-ROUNDS = 16
-for round_ in range(ROUNDS):
-    # each round starts one contender later: every contender runs after every other as often,
-    # since what ran just before moves a contender's time by a few percent on this machine
-    for name in order[round_ % len(order) :] + order[: round_ % len(order)]:
+# each round starts one contender later: every contender runs after every other as often, since
+# what ran just before moves a contender's time by a few percent on this machine
+for round_, order in enumerate(round_order(list(contenders), 16)):
+    for name in order:
         start = time.perf_counter()
         contenders[name]()
         if round_:  # the first round warms up

@@ -8,9 +8,9 @@ The model is 8 × Conv3×3 with 24 channels and ReLU (16 layers, cut [8, 8]) lea
 onto random frames (mean squared error, SGD at 1e-3), on 24 × 24 and 48 × 48 frames; one torch
 thread per stage. ``grad_mode="partime"`` runs with no compensation (the delayed stage's own
 work is then its forward, backward and step alone) and with the default one; the default grad
-mode with the default compensation. Each round runs every contender once, in turn, on the same
-frames after a warm-up; the figures are medians over the rounds, in ms per sample. "of the bound"
-is the slower half's time over the contender's.
+mode with the default compensation. Each round runs every contender once, in turn (each round
+starting one contender later), on the same frames after a warm-up; the figures are medians over
+the rounds, in ms per sample. "of the bound" is the slower half's time over the contender's.
 
 Run with nothing else on the machine: ``.venv/bin/python docs/speed/learning_partime.py``
 (the table in ``learning_partime.txt`` came from it).
@@ -19,6 +19,7 @@ Run with nothing else on the machine: ``.venv/bin/python docs/speed/learning_par
 import copy
 import statistics
 import time
+from functools import partial
 
 import torch
 import torch.multiprocessing as mp
@@ -26,6 +27,7 @@ from decoupled import halves_at_once, model  # the same 8 × Conv3×3, beside th
 from torch import nn
 
 import partime
+from partime.tools.bench.sweep import round_order
 
 ROUNDS = 4
 FRAMES = 400
@@ -63,6 +65,11 @@ def half_alone(piece: nn.Module, xs: list, ys: list, first: bool, last: bool) ->
     for x, y in zip(xs[WARM:], ys[WARM:]):
         one(x, y)
     return (time.perf_counter() - start) / (len(xs) - WARM) * 1e3
+
+
+def slower_half(whole: nn.Sequential, xs: list, ys: list, middles: list) -> float:
+    """ms per sample of the slower of ``whole``'s halves, each learning alone."""
+    return max(half_alone(whole[:8], xs, ys, True, False), half_alone(whole[8:], middles, ys, False, True))
 
 
 def frames(size: int) -> tuple[list, list, list]:
@@ -119,13 +126,16 @@ def main() -> None:
     for size in (24, 48):
         xs, ys, middles = frames(size)
         whole = model()
-        times: dict[str, list[float]] = {}
-        for _ in range(ROUNDS):
-            halves = [half_alone(whole[:8], xs, ys, True, False), half_alone(whole[8:], middles, ys, False, True)]
-            times.setdefault("slower half alone", []).append(max(halves))
-            times.setdefault("halves at once", []).append(halves_at_once(size, one_half))
-            for name, (grad_mode, compensation) in contenders.items():
-                times.setdefault(name, []).append(pipelined(xs, ys, grad_mode, compensation))
+        runs = {
+            "slower half alone": partial(slower_half, whole, xs, ys, middles),
+            "halves at once": partial(halves_at_once, size, one_half),
+        }
+        for name, (grad_mode, compensation) in contenders.items():
+            runs[name] = partial(pipelined, xs, ys, grad_mode, compensation)
+        times: dict[str, list[float]] = {name: [] for name in runs}
+        for order in round_order(list(runs), ROUNDS):  # each round starts one contender later
+            for name in order:
+                times[name].append(runs[name]())
         bound = statistics.median(times["slower half alone"])
         for name, values in times.items():
             ms = statistics.median(values)
