@@ -6,8 +6,8 @@ between them: what the machine's two cores give two halves that run together, wi
 The model is 8 × Conv3×3 with 24 channels and ReLU (16 layers, cut [8, 8]), on 24 × 24, 32 × 32
 and 48 × 48 frames (stages of about 0.5, 1 and 2 ms here); one torch thread per stage. Each round
 runs every contender once, in turn (each round starting one contender later), on the same 300
-frames after 50 to warm up; the figures are medians over the rounds, in ms per sample. "of the bound" is the slower half's time over the
-pipeline's (1.00: as fast as the slower half alone).
+frames after 50 to warm up; the figures are medians over the rounds, in ms per sample. "of the
+bound" is the slower half's time over the pipeline's (1.00: as fast as the slower half alone).
 
 Run with nothing else on the machine: ``.venv/bin/python docs/speed/decoupled.py`` (the table in
 ``decoupled.txt`` came from it).
