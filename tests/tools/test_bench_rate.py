@@ -244,6 +244,9 @@ def test_rate_fps_runs_the_plain_model_and_the_pipeline_at_that_rate(tmp_path, l
         (["--sizes", "8", "--optimizer", "adam,adam"], "one or more distinct names of sgd, adam"),
         (["--rounds", "2"], "goes with --sizes only, or with --rate"),
         (["--plot", "x.png"], "goes with --sizes only, or with --rate max"),
+        (["--grad-mode", "partime"], "goes with --sizes only, when it learns (not with --infer)"),
+        (["--sizes", "8", "--infer", "--grad-mode", "partime"], "goes with --sizes only, when it learns"),
+        (["--sizes", "8", "--grad-mode", "fast"], "'fast' is not one of 'partime', 'stash'"),
     ],
 )
 def test_bench_rate_refuses_what_it_cannot_run(args, message):

@@ -14,6 +14,7 @@ from click.testing import CliRunner
 from torch import nn
 
 from partime.planning.partition import Partition
+from partime.tools.bench import contenders as bench_contenders
 from partime.tools.bench import latency as bench_latency
 from partime.tools.bench.bound import piece_alone, pieces, run_pieces
 from partime.tools.bench.contenders import Setting
@@ -242,6 +243,29 @@ def test_a_sweep_learns_with_each_optimizer_in_turn(tmp_path):
         assert pipe["bound_stage_ms"] == found["bound D=2"]["ms_per_sample"] == pipe["bound_ms"]
 
 
+def test_a_sweep_learns_in_the_grad_mode_it_is_given(tmp_path, monkeypatch):
+    made = []  # (what, its grad mode): every pipeline and every stage of partime's own tick made
+    real_pipeline, real_stage = bench_contenders.Pipeline, bench_contenders.Stage
+
+    def pipeline(*args, **kwargs):
+        made.append(("pipeline", kwargs.get("grad_mode")))
+        return real_pipeline(*args, **kwargs)
+
+    def stage(index, module, config, *args):
+        made.append(("own tick", config.grad_mode))
+        return real_stage(index, module, config, *args)
+
+    monkeypatch.setattr(bench_contenders, "Pipeline", pipeline)
+    monkeypatch.setattr(bench_contenders, "Stage", stage)
+    path = tmp_path / "sweep.json"
+    args = ["bench", "--sizes", "8", "--samples", "5", "--rounds", "1", "--learn", "--grad-mode", "partime"]
+    result = CliRunner().invoke(main, [*args, "--executor", "thread", "--json", str(path)])
+    assert result.exit_code == 0, result.output
+    assert "partime bench, learning with SGD, grad_mode='partime'" in " ".join(result.output.split())
+    assert {r["grad_mode"] for r in json.loads(path.read_text())} == {"partime"}
+    assert sorted(set(made)) == [("own tick", "partime"), ("pipeline", "partime")]
+
+
 def test_a_sweep_with_infer_times_inference_only(tmp_path):
     path = tmp_path / "sweep.json"
     args = ["bench", "--sizes", "8", "--samples", "5", "--rounds", "1", "--infer", "--executor", "thread"]
@@ -250,5 +274,5 @@ def test_a_sweep_with_infer_times_inference_only(tmp_path):
     output = " ".join(result.output.split())
     assert "partime bench, inference" in output and "partime bench, learning" not in output
     rows = json.loads(path.read_text())
-    assert {r["mode"] for r in rows} == {"inference"}
+    assert {r["mode"] for r in rows} == {"inference"} and {r["grad_mode"] for r in rows} == {None}
     assert {"sequential 1 thread", "thread D=2", "bound D=2", "own tick D=2"} <= {r["contender"] for r in rows}

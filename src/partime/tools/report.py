@@ -20,6 +20,8 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from ..core.stage_config import DEFAULT_GRAD_MODE
+
 OPTIMIZER_NAMES = {"sgd": "SGD", "adam": "Adam"}
 """How the reports name the bench's optimizers (``bench.OPTIMIZERS``)."""
 
@@ -121,8 +123,8 @@ def print_sweep(console: Console, rows: list[dict], json_path: Path | None) -> N
         "bound: the slowest of the model's own pieces of the pipeline's cut, each timed alone with plain torch and "
         "one thread (inference: a forward under inference_mode; learning: one forward, the backward and the "
         "optimizer's step, the loss in the last piece); own tick: the slowest stage of that cut alone as partime's "
-        "own Stage runs it (learning with the defaults: a stage before the last keeps its forward's graph for the "
-        "backward and compensates its delay); stage ms: the first pipeline's bound; ÷ bound, ÷ own tick: "
+        "own Stage runs it (learning with the pipelines' grad mode and the default compensation: by default a stage "
+        "before the last keeps its forward's graph for the backward and compensates its delay); stage ms: the first pipeline's bound; ÷ bound, ÷ own tick: "
         "ms/sample over them; latency: from the moment the stream pulls a sample to the moment its result comes "
         "out, over the timed samples of every round"
     )
@@ -136,6 +138,8 @@ def sweep_table(rows: list[dict]) -> Table:
     title = f"partime bench, {first['mode']}"
     if first.get("optimizer") is not None:
         title += f" with {OPTIMIZER_NAMES.get(first['optimizer'], first['optimizer'])}"
+    if first.get("grad_mode") not in (None, DEFAULT_GRAD_MODE):
+        title += f", grad_mode={first['grad_mode']!r}"
     table = Table(title=f"{title}: median ms per sample over {first['rounds']} rounds")
     names: tuple[str, ...] = (
         "frames",

@@ -16,6 +16,7 @@ from pathlib import Path
 import click
 from rich.progress import Progress, TaskID
 
+from ...core.stage_config import DEFAULT_GRAD_MODE, GRAD_MODES
 from ...executors import EXECUTORS
 from ..report import print_bench, print_rate, print_sweep, progress_bar, wide_console
 from .models import MODELS
@@ -160,6 +161,13 @@ def _advancing(bar: Progress, task: TaskID) -> Callable[[str], None]:
     "turn, every contender of one optimizer interleaved in its rounds.  [default: sgd]",
 )
 @click.option(
+    "--grad-mode",
+    type=click.Choice(GRAD_MODES),
+    default=None,
+    help="With --sizes: the grad mode the pipelines and partime's own tick learn with (the bound learns with "
+    f"plain torch whatever it is).  [default: {DEFAULT_GRAD_MODE}, the library's default]",
+)
+@click.option(
     "--rounds",
     type=click.IntRange(min=1),
     default=None,
@@ -203,6 +211,7 @@ def bench(
     learn: bool,
     infer: bool,
     optimizers: tuple[str, ...] | None,
+    grad_mode: str | None,
     rounds: int | None,
     model: str | None,
     layers: int | None,
@@ -224,6 +233,8 @@ def bench(
         raise click.BadParameter(
             "goes with --sizes only, without --learn (the plain bench times both modes)", param_hint="--infer"
         )
+    if grad_mode is not None and (sizes is None or infer):
+        raise click.BadParameter("goes with --sizes only, when it learns (not with --infer)", param_hint="--grad-mode")
     if rate is not None:
         if optimizers is not None and not learn:
             raise click.BadParameter(
@@ -267,6 +278,7 @@ def bench(
             layers,
             modes,
             optimizers or ("sgd",),
+            grad_mode or DEFAULT_GRAD_MODE,
             json_path,
             plot_path,
         )
@@ -300,6 +312,7 @@ def _bench_sweep(
     layers: int,
     modes: tuple[str, ...],
     optimizers: tuple[str, ...],
+    grad_mode: str,
     json_path: Path | None,
     plot_path: Path | None,
 ) -> None:
@@ -322,6 +335,7 @@ def _bench_sweep(
             layers=layers,
             modes=modes,
             optimizers=optimizers,
+            grad_mode=grad_mode,
             samples=samples,
             rounds=rounds,
             progress=report,

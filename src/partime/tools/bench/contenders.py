@@ -34,6 +34,7 @@ from torch import Tensor, nn
 from ... import Pipeline
 from ...core.boundary_values import as_tensors
 from ...core.stage import Stage, StageConfig
+from ...core.stage_config import DEFAULT_GRAD_MODE
 from ...learning.compensation import check_compensation
 from ...planning.partition import Partition
 from ...planning.planner import torch_threads
@@ -52,15 +53,17 @@ STAGE_INPUTS = 8
 @dataclass(frozen=True)
 class Setting:
     """What each contender of one size and mode streams: a model, its frames (and targets when
-    learning, with ``optimizer``), and how many results a run times (``results``; the frames go a
-    little further). ``layers`` are the model's layers as a pipeline cuts them (itself, or its
-    traced segments)."""
+    learning, with ``optimizer``, and the grad mode ``grad_mode`` that the pipelines and partime's
+    own tick learn with), and how many results a run times (``results``; the frames go a little
+    further). ``layers`` are the model's layers as a pipeline cuts them (itself, or its traced
+    segments)."""
 
     model: nn.Module
     xs: Tensor
     ys: Tensor | None
     results: int
     optimizer: OptimizerFactory = sgd
+    grad_mode: str = DEFAULT_GRAD_MODE
     layers: nn.Sequential = field(init=False)
 
     def __post_init__(self) -> None:
@@ -148,7 +151,7 @@ def pipeline(kind: PipelineKind, depth: int) -> Contender:
     def open_(setting: Setting) -> Iterator[Opened]:
         learning: dict[str, Any] = {}
         if setting.learning:
-            learning = dict(loss_fn=nn.CrossEntropyLoss(), optimizer=setting.optimizer)
+            learning = dict(loss_fn=nn.CrossEntropyLoss(), optimizer=setting.optimizer, grad_mode=setting.grad_mode)
         options = dict(balance=depth, executor=kind.executor, sample=setting.xs[0], threads=1, **learning)
         # One thread here too: the layers are then profiled as the stages run them, and the
         # caller, which only copies samples in and results out, leaves the cores to the stages.
@@ -172,7 +175,7 @@ def own_tick(name: str, partition: Partition, stage: int) -> Contender:
     with the pipeline's defaults, a forward per input and, when learning, the product of the
     gradient of the sample ``2 (D - 1 - stage)`` ticks older (a fixed output gradient; at the last
     stage, the loss of the sample just run) and the step of the setting's optimizer, with what
-    the default grad mode keeps for the product and the delay's compensation, as in the pipeline."""
+    the setting's grad mode keeps for the product and the delay's compensation, as in the pipeline."""
     start, stop = partition.bounds[stage]
     last, delay = stage == partition.depth - 1, 2 * (partition.depth - 1 - stage)
 
@@ -181,7 +184,9 @@ def own_tick(name: str, partition: Partition, stage: int) -> Contender:
         ys = setting.ys
         learning: dict[str, Any] = {}
         if ys is not None:
-            learning = dict(loss_fn=nn.CrossEntropyLoss(), optimizer=setting.optimizer, supervised=True)
+            learning = dict(
+                loss_fn=nn.CrossEntropyLoss(), optimizer=setting.optimizer, grad_mode=setting.grad_mode, supervised=True
+            )
         config = StageConfig(partition.depth, compensation=check_compensation("auto"), **learning)
         layers = copy.deepcopy(setting.layers)  # running them here changes no BatchNorm of the model
         (module,) = fused([layers[start:stop]])  # as the pipeline builds its stage (a traced run: one module)

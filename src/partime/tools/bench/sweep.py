@@ -31,6 +31,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import ExitStack
 from typing import Any
 
+from ...core.stage_config import DEFAULT_GRAD_MODE, GRAD_MODES
 from ...executors.malloc import keep_freed_memory
 from ...planning.partition import Partition
 from .bound import piece_alone
@@ -104,6 +105,7 @@ def run_sweep(
     channels: int = 24,
     modes: Sequence[str] = MODES,
     optimizers: Sequence[str] = ("sgd",),
+    grad_mode: str = DEFAULT_GRAD_MODE,
     samples: int = 300,
     warmup: int = 20,
     blocks: int = 5,
@@ -112,14 +114,14 @@ def run_sweep(
     progress: Progress | None = None,
 ) -> list[dict[str, Any]]:
     """One row per size, mode (learning: per optimizer of ``optimizers``, names of
-    ``bench.OPTIMIZERS``) and contender, on ``conv3_net(layers, channels)`` (with a head of
+    ``bench.OPTIMIZERS``, the pipelines and partime's own tick under ``grad_mode``) and contender, on ``conv3_net(layers, channels)`` (with a head of
     ``CLASSES`` logits when learning), or the model ``bench_models.MODELS`` names ``model``
     (``"resnet"``: a ResNet-style network, which partime traces), and the same seeded frames
     (batch 1, 3 x size x size).
 
     Every row has the contender's ``ms_per_sample`` (and ``ms_per_round``), ``latency_p50_ms`` and
     ``latency_p99_ms``, its speed-ups over sequential with one thread and with every core
-    (``speedup_vs_seq_1thread``, ``speedup_vs_seq_allcores``), ``optimizer`` (None in inference),
+    (``speedup_vs_seq_1thread``, ``speedup_vs_seq_allcores``), ``optimizer`` and ``grad_mode`` (None in inference),
     ``bound_stage_ms`` (the bound of the first pipeline at the first depth: the x of the plot),
     the per-hop cost of 64 KB and of one activation, and ``others_busy`` (the fraction of the
     CPUs that other processes kept busy during the interleaved run of its size and mode). A
@@ -148,6 +150,8 @@ def run_sweep(
         raise ValueError("give at least one pipeline contender")
     if model not in MODELS:
         raise ValueError(f"unknown model {model!r}; choose one of {', '.join(MODELS)}")
+    if grad_mode not in GRAD_MODES:
+        raise ValueError(f"unknown grad mode {grad_mode!r}; choose one of {', '.join(GRAD_MODES)}")
     if not optimizers or len(set(optimizers)) < len(optimizers):
         raise ValueError(f"give one or more distinct optimizers of {', '.join(OPTIMIZERS)}, got {list(optimizers)}")
     learners = {name: optimizer_named(name) for name in optimizers}
@@ -175,14 +179,23 @@ def run_sweep(
             if optimizer is None:
                 setting, label = Setting(net, xs, None, warmup + samples + 1), f"{size}x{size} {mode}"
             else:
-                setting = Setting(net, xs, ys, warmup + samples + 1, learners[optimizer])
+                setting = Setting(net, xs, ys, warmup + samples + 1, learners[optimizer], grad_mode)
                 label = f"{size}x{size} {mode} ({optimizer})"
             clocks = cpu_clocks()
             mine = [c for c in chosen if not (setting.learning and c.inference_only)]
             found = _interleaved(setting, mine, rounds, (warmup, blocks), label, report)
             busy = others_busy(clocks, cores)
             found = [
-                dict(mode=mode, optimizer=optimizer, **at_size, **common, **row, others_busy=busy) for row in found
+                dict(
+                    mode=mode,
+                    optimizer=optimizer,
+                    grad_mode=optimizer and grad_mode,  # None in inference, as the optimizer
+                    **at_size,
+                    **common,
+                    **row,
+                    others_busy=busy,
+                )
+                for row in found
             ]
             rows += _compared(found, cores)
     return rows
