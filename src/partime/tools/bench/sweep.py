@@ -114,17 +114,18 @@ def run_sweep(
     progress: Progress | None = None,
 ) -> list[dict[str, Any]]:
     """One row per size, mode (learning: per optimizer of ``optimizers``, names of
-    ``bench.OPTIMIZERS``, the pipelines and partime's own tick under ``grad_mode``) and contender, on ``conv3_net(layers, channels)`` (with a head of
-    ``CLASSES`` logits when learning), or the model ``bench_models.MODELS`` names ``model``
-    (``"resnet"``: a ResNet-style network, which partime traces), and the same seeded frames
-    (batch 1, 3 x size x size).
+    ``bench.OPTIMIZERS``, the pipelines and partime's own tick under ``grad_mode``) and contender,
+    on ``conv3_net(layers, channels)`` (with a head of ``CLASSES`` logits when learning), or the
+    model ``bench_models.MODELS`` names ``model`` (``"resnet"``: a ResNet-style network, which
+    partime traces), and the same seeded frames (batch 1, 3 x size x size).
 
     Every row has the contender's ``ms_per_sample`` (and ``ms_per_round``), ``latency_p50_ms`` and
     ``latency_p99_ms``, its speed-ups over sequential with one thread and with every core
-    (``speedup_vs_seq_1thread``, ``speedup_vs_seq_allcores``), ``optimizer`` and ``grad_mode`` (None in inference),
-    ``bound_stage_ms`` (the bound of the first pipeline at the first depth: the x of the plot),
-    the per-hop cost of 64 KB and of one activation, and ``others_busy`` (the fraction of the
-    CPUs that other processes kept busy during the interleaved run of its size and mode). A
+    (``speedup_vs_seq_1thread``, ``speedup_vs_seq_allcores``), ``optimizer`` and ``grad_mode``
+    (None in inference), ``bound_stage_ms`` (the bound of the first pipeline at the first depth:
+    the x of the plot), the per-hop cost of 64 KB and of one activation, and ``others_busy`` (the
+    fraction of the CPUs that other processes kept busy during the interleaved run of its size
+    and mode). A
     pipeline row has its cut (``partition``, ``balance``, the predicted ``stage_ms``), its cut's
     bound (``bound``: the row's name, ``bound_ms``, ``ms_over_bound``) and partime's own tick of
     it (``own_tick``, ``own_tick_ms``, ``ms_over_own_tick``). A row of kind ``bound`` or ``own
