@@ -78,13 +78,13 @@ def stream_forever(case: str) -> None:
     torch.set_num_threads(1)
     pipe, xs, ys = pipeline_and_items(case)
     with pipe:
-        for _ in pipe.stream(xs) if ys is None else pipe.stream(xs, ys):
+        for _ in pipe.stream(xs, ys):
             pass
         print("warm", flush=True)
         try:
             while True:
                 start = time.perf_counter()
-                for _ in pipe.stream(xs) if ys is None else pipe.stream(xs, ys):
+                for _ in pipe.stream(xs, ys):
                     pass
                 print(f"{(time.perf_counter() - start) / len(xs) * 1e3:.3f}", flush=True)
         except KeyboardInterrupt:  # how ``profile`` stops it: the pipeline then closes as it should

@@ -15,6 +15,7 @@ Run with nothing else on the machine: ``.venv/bin/python docs/speed/decoupled.py
 
 import statistics
 import time
+from collections.abc import Callable
 from functools import partial
 
 import torch
@@ -90,6 +91,16 @@ def pipelined(executor: str, decoupled: bool, xs: list[torch.Tensor]) -> float:
         return (time.perf_counter() - start) / (len(xs) - WARM) * 1e3  # before close: not a tick's work
 
 
+def in_rounds(contenders: dict[str, Callable[[], float]], rounds: int) -> dict[str, list[float]]:
+    """What each contender returns (its ms per sample) in each of ``rounds`` rounds, each round
+    starting one contender later than the one before (``round_order``, as the bench runs them)."""
+    times: dict[str, list[float]] = {name: [] for name in contenders}
+    for order in round_order(list(contenders), rounds):
+        for name in order:
+            times[name].append(contenders[name]())
+    return times
+
+
 def main() -> None:
     torch.set_num_threads(1)
     print(f"{'frames':>8} {'contender':>22} {'ms/sample':>10} {'of the bound':>13}")
@@ -105,10 +116,7 @@ def main() -> None:
             for decoupled in (True, False):
                 name = f"{executor} {'decoupled' if decoupled else 'lockstep'}"
                 contenders[name] = partial(pipelined, executor, decoupled, xs)
-        times: dict[str, list[float]] = {name: [] for name in contenders}
-        for order in round_order(list(contenders), ROUNDS):  # each round starts one contender later
-            for name in order:
-                times[name].append(contenders[name]())
+        times = in_rounds(contenders, ROUNDS)
         bound = statistics.median(times["slower half alone"])
         for name, values in times.items():
             ms = statistics.median(values)

@@ -23,11 +23,10 @@ from functools import partial
 
 import torch
 import torch.multiprocessing as mp
-from decoupled import halves_at_once, model  # the same 8 × Conv3×3, beside this script
+from decoupled import halves_at_once, in_rounds, model  # the same 8 × Conv3×3, beside this script
 from torch import nn
 
 import partime
-from partime.tools.bench.sweep import round_order
 
 ROUNDS = 4
 FRAMES = 400
@@ -132,10 +131,7 @@ def main() -> None:
         }
         for name, (grad_mode, compensation) in contenders.items():
             runs[name] = partial(pipelined, xs, ys, grad_mode, compensation)
-        times: dict[str, list[float]] = {name: [] for name in runs}
-        for order in round_order(list(runs), ROUNDS):  # each round starts one contender later
-            for name in order:
-                times[name].append(runs[name]())
+        times = in_rounds(runs, ROUNDS)
         bound = statistics.median(times["slower half alone"])
         for name, values in times.items():
             ms = statistics.median(values)

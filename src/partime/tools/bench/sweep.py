@@ -190,7 +190,7 @@ def run_sweep(
                 dict(
                     mode=mode,
                     optimizer=optimizer,
-                    grad_mode=optimizer and grad_mode,  # None in inference, as the optimizer
+                    grad_mode=None if optimizer is None else grad_mode,
                     **at_size,
                     **common,
                     **row,
