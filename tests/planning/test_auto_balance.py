@@ -262,8 +262,10 @@ def four_equal_layers(monkeypatch: pytest.MonkeyPatch) -> None:
     """A profile of four layers of one second each, on four cores: "auto" takes four stages."""
     monkeypatch.setattr(planner, "profile_layers", lambda *args, **kwargs: (1.0, 1.0, 1.0, 1.0))
     monkeypatch.setattr(planner, "usable_cores", lambda: 4)
-    # and a stage's own tick, measured before "auto" keeps a pipeline, takes one second per layer too
+    # and a stage's own tick, measured before "auto" keeps a pipeline, takes one second per layer too,
+    # as does the plain model
     monkeypatch.setattr(auto_check, "_tick_seconds", lambda index, module, config, value: float(len(module)))
+    monkeypatch.setattr(auto_check, "_plain_seconds", lambda model, config, value: float(len(model)))
 
 
 @pytest.mark.usefixtures("four_equal_layers")
@@ -362,19 +364,27 @@ def test_any_other_string_balance_is_refused_with_the_accepted_forms() -> None:
 
 
 @pytest.mark.usefixtures("four_equal_layers")
-def test_auto_keeps_a_pipeline_only_if_its_stages_own_ticks_are_faster(monkeypatch, caplog) -> None:
+@pytest.mark.parametrize(("plain", "depth"), [(4.0, 1), (4.2, 4)])
+def test_auto_keeps_a_pipeline_only_if_its_stages_own_ticks_beat_the_plain_model(
+    monkeypatch, caplog, plain: float, depth: int
+) -> None:
     # the layers' profile predicts 4 stages at 1 s, but each stage's tick, as partime's Stage runs it
-    # (a learning stage's second forward, its compensation, its step), takes 3.8 s: 4 s as one stage
+    # (a learning stage's second forward, its compensation, its step), takes 3.8 s; the model as
+    # one of partime's stages would take longer still, but it is the plain model that "auto" must beat
     monkeypatch.setattr(
-        auto_check, "_tick_seconds", lambda index, module, config, value: 3.8 if config.depth > 1 else 4.0
+        auto_check, "_tick_seconds", lambda index, module, config, value: 3.8 if config.depth > 1 else 9.0
     )
+    monkeypatch.setattr(auto_check, "_plain_seconds", lambda model, config, value: plain)
     model = nn.Sequential(*_model()[:4])
     xs = [torch.randn(4) for _ in range(5)]
     with caplog.at_level(logging.INFO, logger="partime.pipeline.pipeline"):
         pipe = partime.Pipeline(model, "auto", sample=xs[0], executor="inline", loss_fn=nn.MSELoss(), optimizer=_sgd)
-    assert pipe.depth == 1 and pipe.partition is not None and pipe.partition.balance == (4,)
-    assert "1 stage, no pipeline is measured at least 10% faster" in caplog.text
-    assert "3.8e+03 ms per sample at 4 stages [1, 1, 1, 1], 4e+03 ms as one" in caplog.text
+    assert pipe.depth == depth and pipe.partition is not None and len(pipe.partition.balance) == depth
+    said = f"measured 3.8e+03 ms per sample at 4 stages [1, 1, 1, 1], {plain * 1e3:.3g} ms for the plain model"
+    if depth == 1:
+        assert f"1 stage, no pipeline is measured at least 10% faster: {said}" in caplog.text
+    else:
+        assert f"4 stages, {said}" in caplog.text
 
 
 class _Counting(nn.Module):
@@ -401,3 +411,17 @@ def test_a_stages_measured_tick_is_its_work_in_the_pipeline() -> None:
     # sample 0's forward and its gradient: its graph still holds)
     assert counting.calls == 1 + ticks + (ticks - 2 - 1)
     assert not torch.equal(counting.linear.weight, before)  # it stepped
+
+
+@pytest.mark.parametrize("learning", [False, True])
+def test_the_plain_models_time_is_its_own_work_without_partime(learning: bool) -> None:
+    # a forward per call (and one for the gradient's shape); learning, a backward of ones and a step
+    # of the pipeline's optimizer on the model's own parameters, with no stage around it
+    counting = _Counting()
+    before = counting.linear.weight.detach().clone()
+    config = partime.core.stage.StageConfig(2, nn.MSELoss(), _sgd) if learning else partime.core.stage.StageConfig(2)
+    assert auto_check._plain_seconds(counting, config, torch.randn(1, 4)) > 0
+    assert counting.calls == 1 + auto_check.WARMUP_TICKS + auto_check.TIMED_TICKS
+    assert torch.equal(counting.linear.weight, before) != learning
+    if learning:  # each step moved the weight by the learning rate times the gradient of ones' sum
+        assert counting.linear.bias.grad is not None and torch.equal(counting.linear.bias.grad, torch.ones(4))

@@ -4,12 +4,15 @@ The planner predicts a stage's time from its layers' forward (and backward) and 
 boundaries. A stage's tick holds more: when it learns, the grad mode keeps the forward's graph
 or runs a late gradient's sample forward again (``stash``), the compensation keeps and corrects
 weights, the optimizer steps, and each of those costs Python time that no layer's timing sees;
-on small stages that is most of the tick. So before ``"auto"`` keeps a pipeline, ``confirmed`` runs each stage of its cut as partime's
-own ``Stage`` for a few ticks of a steady stream (a forward per tick and, when learning, the
-product of a gradient of ones for the sample its delay gives, and the step), adds what its
-boundaries cost it per tick (``Partition.hop_costs``), and runs the whole model as one ``Stage``
-the same way, each with the torch threads it would have (one stage gets every core); the
-pipeline is kept only if its slowest stage is ``planner.AUTO_MARGIN`` faster.
+on small stages that is most of the tick. So before ``"auto"`` keeps a pipeline, ``confirmed``
+runs each stage of its cut as partime's own ``Stage`` for a few ticks of a steady stream (a
+forward per tick and, when learning, the product of a gradient of ones for the sample its delay
+gives, and the step) and adds what its boundaries cost it per tick (``Partition.hop_costs``):
+the pipeline's own tick. It weighs that against the model as a user runs it without partime,
+with plain torch on every core: a forward without gradients, or a forward, the backward of a
+gradient of ones and a step of the pipeline's optimizer. The pipeline is kept only if its slowest
+stage is ``planner.AUTO_MARGIN`` faster than that, so ``"auto"`` falls back to one stage wherever
+the plain model would be as fast (the bench's "sequential" on every core).
 """
 
 from __future__ import annotations
@@ -33,10 +36,11 @@ from .planner import AUTO_MARGIN, torch_threads
 log = logging.getLogger("partime.pipeline.pipeline")
 
 WARMUP_TICKS = 2
-"""Ticks of each stage run before the timed ones (once its first gradient comes, when learning)."""
+"""Ticks of each stage (once its first gradient comes, when learning), and calls of the plain
+model, run before the timed ones."""
 
 TIMED_TICKS = 10
-"""Ticks of each stage timed; a stage's time is their median."""
+"""Ticks of each stage, and calls of the plain model, timed; a time is their median."""
 
 
 def confirmed(
@@ -48,24 +52,24 @@ def confirmed(
     margin: float = AUTO_MARGIN,
 ) -> Partition:
     """``partition`` if its slowest stage's measured tick (see the module docstring) is ``margin``
-    faster than the model's own as one stage, else the model as one stage (with the figures logged
-    at INFO). ``config`` is the pipeline's, for ``partition.depth`` stages; ``threads(D)`` is the
-    torch thread count each of D stages runs with."""
+    faster than the plain model's, else the model as one stage (with the figures logged at INFO).
+    ``config`` is the pipeline's, for ``partition.depth`` stages; ``threads(D)`` is the torch
+    thread count each of D stages runs with."""
     depth, n = partition.depth, len(model)
-    model = copy.deepcopy(model)  # the timing steps and updates BatchNorm statistics: not the pipeline's
+    staged = copy.deepcopy(model)  # the timing steps and updates BatchNorm statistics: not the pipeline's
     with torch_threads(threads(depth)):
         stages = [
             _tick_seconds(i, module, config, value)
-            for i, (module, value) in enumerate(zip(split(model, partition.balance), _inputs(model, partition, sample)))
+            for i, (module, value) in enumerate(
+                zip(split(staged, partition.balance), _inputs(staged, partition, sample))
+            )
         ]
     hops = partition.hop_costs or (0.0,) * depth  # a tick's own work and its boundaries' copies
     stages = [t + hop for t, hop in zip(stages, hops, strict=True)]
-    whole = copy.copy(config)
-    whole.depth = 1
     with torch_threads(threads(1)):
-        (alone,) = [_tick_seconds(0, module, whole, sample) for module in split(model, [n])]
+        alone = _plain_seconds(copy.deepcopy(model), config, sample)
     said = f"measured {max(stages) * 1e3:.3g} ms per sample at {depth} stages {list(partition.balance)}, "
-    said += f"{alone * 1e3:.3g} ms as one"
+    said += f"{alone * 1e3:.3g} ms for the plain model"
     if max(stages) * (1 + margin) <= alone:
         log.info("balance='auto': %d stages, %s", depth, said)
         return partition
@@ -81,6 +85,33 @@ def _inputs(model: nn.Sequential, partition: Partition, sample: Any) -> list[Any
             values.append(value)
             value = module(value)
     return values
+
+
+def _plain_seconds(model: nn.Module, config: StageConfig, value: Any) -> float:
+    """Median seconds of ``model`` on ``value`` with plain torch (see the module docstring): when
+    ``config`` learns, with an optimizer of its own from ``config.optimizer``."""
+    learning = config.optimizer is not None  # config.learning, in a form mypy narrows
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = config.optimizer(params) if config.optimizer is not None and params else None
+    with torch.no_grad():
+        ones = [torch.ones_like(t) for t in as_tensors(model(value), "output of the model")]
+    times = []
+    for s in range(WARMUP_TICKS + TIMED_TICKS):
+        start = time.perf_counter()
+        if learning:
+            if optimizer is not None:
+                optimizer.zero_grad()
+            outs = [(t, g) for t, g in zip(as_tensors(model(value), "output of the model"), ones) if t.requires_grad]
+            if outs:
+                torch.autograd.backward([t for t, _ in outs], [g for _, g in outs])
+            if optimizer is not None:
+                optimizer.step()
+        else:
+            with torch.no_grad():
+                model(value)
+        if s >= WARMUP_TICKS:
+            times.append(time.perf_counter() - start)
+    return statistics.median(times)
 
 
 def _tick_seconds(index: int, module: nn.Module, config: StageConfig, value: Any) -> float:
