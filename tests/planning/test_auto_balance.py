@@ -380,7 +380,7 @@ def test_auto_keeps_a_pipeline_only_if_its_stages_own_ticks_beat_the_plain_model
     with caplog.at_level(logging.INFO, logger="partime.pipeline.pipeline"):
         pipe = partime.Pipeline(model, "auto", sample=xs[0], executor="inline", loss_fn=nn.MSELoss(), optimizer=_sgd)
     assert pipe.depth == depth and pipe.partition is not None and len(pipe.partition.balance) == depth
-    said = f"measured 3.8e+03 ms per sample at 4 stages [1, 1, 1, 1], {plain * 1e3:.3g} ms for the plain model"
+    said = f"measured 3.8e+03 ms per sample at 4 stages [1, 1, 1, 1] (its stages' ticks), {plain * 1e3:.3g} ms for the plain model"
     if depth == 1:
         assert f"1 stage, no pipeline is measured at least 10% faster: {said}" in caplog.text
     else:
@@ -414,14 +414,74 @@ def test_a_stages_measured_tick_is_its_work_in_the_pipeline() -> None:
 
 
 @pytest.mark.parametrize("learning", [False, True])
-def test_the_plain_models_time_is_its_own_work_without_partime(learning: bool) -> None:
-    # a forward per call (and one for the gradient's shape); learning, a backward of ones and a step
-    # of the pipeline's optimizer on the model's own parameters, with no stage around it
+def test_the_plain_models_calls_are_its_own_work_without_partime(learning: bool) -> None:
+    # a forward per call (and one for the gradient's shape); learning, a backward of zeros and a
+    # step of the pipeline's optimizer on the model's own parameters, with no stage around it
     counting = _Counting()
-    before = counting.linear.weight.detach().clone()
+    before = [p.detach().clone() for p in counting.parameters()]
     config = partime.core.stage.StageConfig(2, nn.MSELoss(), _sgd) if learning else partime.core.stage.StageConfig(2)
-    assert auto_check._plain_seconds(counting, config, torch.randn(1, 4)) > 0
-    assert counting.calls == 1 + auto_check.WARMUP_TICKS + auto_check.TIMED_TICKS
-    assert torch.equal(counting.linear.weight, before) != learning
-    if learning:  # each step moved the weight by the learning rate times the gradient of ones' sum
-        assert counting.linear.bias.grad is not None and torch.equal(counting.linear.bias.grad, torch.ones(4))
+    calls = auto_check._plain_calls(counting, config, torch.randn(1, 4))
+    for _ in itertools.islice(calls, 5):
+        pass
+    assert counting.calls == 1 + 5
+    assert all(torch.equal(p, b) for p, b in zip(counting.parameters(), before, strict=True))  # zero gradients
+    grads = [p.grad for p in counting.parameters()]
+    if learning:
+        assert all(g is not None and torch.equal(g, torch.zeros_like(g)) for g in grads)
+    else:
+        assert grads == [None, None]
+
+
+class _Clock:
+    """A clock for ``time.perf_counter`` that moves ``steps[k]`` at its ``k``-th reading, then ``last``."""
+
+    def __init__(self, steps: list[float], last: float) -> None:
+        self.now, self.steps, self.last = 0.0, steps, last
+
+    def __call__(self) -> float:
+        self.now += self.steps.pop(0) if self.steps else self.last
+        return self.now
+
+
+def test_steady_seconds_times_half_a_second_after_half_a_second_of_warm_up(monkeypatch) -> None:
+    # 25 items 1/16 s apart, then 1/64 s apart: the warm-up ends at item 20 (21 items, 1.25 s after
+    # the first), and the timing at item 40, the first 0.5 s after it: 4 gaps of 1/16, 16 of 1/64
+    monkeypatch.setattr(auto_check.time, "perf_counter", _Clock([1 / 16] * 25, 1 / 64))
+    taken = []
+
+    def items():
+        for k in itertools.count():
+            taken.append(k)
+            yield k
+
+    assert auto_check.steady_seconds(items()) == (4 / 16 + 16 / 64) / 20
+    assert len(taken) == 41
+
+
+def test_steady_seconds_refuses_a_stream_that_ends_before_it_is_timed() -> None:
+    with pytest.raises(ValueError, match="steady_seconds needs an endless stream of items, got 3"):
+        auto_check.steady_seconds(range(3))
+
+
+@pytest.mark.usefixtures("four_equal_layers")
+@pytest.mark.parametrize(("plain", "depth"), [(0.0, 1), (1e9, 4)])
+def test_auto_with_workers_measures_a_running_pipeline_of_its_cut(
+    monkeypatch, caplog, plain: float, depth: int
+) -> None:
+    def no_ticks(*args):
+        raise AssertionError("the stages' ticks are not what an executor with workers is measured by")
+
+    monkeypatch.setattr(auto_check, "_tick_seconds", no_ticks)
+    monkeypatch.setattr(auto_check, "_plain_seconds", lambda model, config, value: plain)
+    model = nn.Sequential(*_model()[:4])
+    xs, ys = [torch.randn(4) for _ in range(6)], [torch.randn(16) for _ in range(6)]
+    before = [p.detach().clone() for p in model.parameters()]
+    kw = {"loss_fn": nn.MSELoss(), "optimizer": _sgd}
+    with caplog.at_level(logging.INFO, logger="partime.pipeline.pipeline"):
+        with partime.Pipeline(model, "auto", sample=xs[0], executor="thread", **kw) as pipe:
+            assert pipe.depth == depth
+            results = list(pipe.stream(xs, ys))
+    assert f"ms per sample at 4 stages [1, 1, 1, 1] (running), {plain * 1e3:.3g} ms for the plain model" in caplog.text
+    assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before, strict=True))
+    # the trial ran on copies: the pipeline learns from its first sample as one that never ran one
+    _same(results, _run(model, [1, 1, 1, 1] if depth == 4 else [4], xs, ys, executor="inline"))

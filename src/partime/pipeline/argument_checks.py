@@ -66,6 +66,7 @@ def check_arguments(
     timeout: float | None,
     sample: Any = None,
     compensation: str | Sequence[str] = "auto",
+    running: Callable[[Partition], float] | None = None,
 ) -> Arguments:
     """``Pipeline``'s arguments, checked in the order they are documented: a ValueError (or the
     error of ``check_balance``, ``executor_class``, ``check_loss_fn``, ``check_devices``) for the
@@ -78,7 +79,10 @@ def check_arguments(
     ``balance="auto"`` needs ``sample`` (the depth fixes the devices, each stage's thread count and
     what a checkpoint must match, before the first sample), ``devices`` None or the CPU, and an executor that
     runs every stage from this process; then the layers are timed on ``sample`` with the thread
-    count each depth would give its stages, and the chosen partition is returned."""
+    count each depth would give its stages, the cut chosen is measured against the plain model
+    (``auto_check.confirmed``; ``running(partition)``, where given, is the seconds per sample of a
+    pipeline of that cut running with these arguments, which an executor with workers is
+    measured by), and the partition kept is returned."""
     check_balance(model, balance)
     if grad_mode not in GRAD_MODES:
         raise ValueError(f"unknown grad_mode {grad_mode!r}; choose one of {', '.join(GRAD_MODES)}")
@@ -105,7 +109,7 @@ def check_arguments(
             config = StageConfig(
                 partition.depth, loss_fn, optimizer, grad_mode, False, check_compensation(compensation)
             )
-            partition = confirmed(model, partition, sample, config, count)
+            partition = confirmed(model, partition, sample, config, count, running if cls.has_workers else None)
         depth = partition.depth
     else:
         depth = balance if isinstance(balance, int) else len(balance)

@@ -9,6 +9,8 @@ leaves the running of the stages to its executor.
 from __future__ import annotations
 
 import copy
+import functools
+import itertools
 import logging
 import os
 import warnings
@@ -20,7 +22,7 @@ from torch import nn
 
 from ..checkpoint import files as checkpoint
 from ..checkpoint.files import CheckpointError, layout_from_plain
-from ..core.boundary_values import ValueSpec, copy_tensors, nonfinite
+from ..core.boundary_values import ValueSpec, as_tensors, copy_tensors, nonfinite
 from ..core.stage import DEFAULT_GRAD_MODE, LossFn, OptimizerFactory, StageConfig, takes_target
 from ..errors import PipelineClosedError, StageError
 from ..executors import EXECUTORS, Executor
@@ -28,6 +30,7 @@ from ..executors.base import READ_AHEAD
 from ..executors.distributed.on_rank_0 import on_rank_0
 from ..learning.compensation import check_compensation
 from ..learning.optimizer_state import check_optimizer_factory
+from ..planning.auto_check import steady_seconds
 from ..planning.balance import Balance
 from ..planning.partition import Partition, split
 from ..planning.planner import plan
@@ -199,6 +202,20 @@ class Pipeline:
                 timeout=timeout,
                 sample=sample,
                 compensation=compensation,
+                running=functools.partial(
+                    _seconds_per_sample,
+                    layers,
+                    sample,
+                    dict(
+                        executor=executor,
+                        devices=devices,
+                        optimizer=optimizer,
+                        grad_mode=grad_mode,
+                        threads=threads,
+                        timeout=timeout,
+                        compensation=compensation,
+                    ),
+                ),
             )
             self._executor_class = args.executor_class
             depth = self.depth = args.depth
@@ -677,6 +694,22 @@ class Pipeline:
                 self._state.held.append(self._guard(self._executor.next_result))
             executor_state = self._guard(self._executor.state_dict)
         return checkpoint.to_checkpoint(self._state, self._identity(), executor_state)
+
+
+def _seconds_per_sample(layers: nn.Sequential, sample: Any, options: dict[str, Any], partition: Partition) -> float:
+    """The steady seconds per result (``auto_check.steady_seconds``) of a pipeline of ``partition``
+    over a copy of ``layers``, made with ``options``, streaming ``sample`` again and again. When it
+    learns, its loss is zero times the sum of the last stage's output: every stage runs its
+    forward, backward and step as it would, and no weight moves by a gradient."""
+    loss_fn = None if options["optimizer"] is None else _zero_loss
+    with Pipeline(copy.deepcopy(layers), list(partition.balance), loss_fn=loss_fn, **options) as trial:
+        return steady_seconds(trial.stream(itertools.repeat(sample)))
+
+
+def _zero_loss(output: Any) -> torch.Tensor:
+    """Zero times the sum of ``output``'s floating-point tensors: a loss whose gradient is zero."""
+    floats = [t.sum() for t in as_tensors(output, "the last stage's output") if t.is_floating_point()]
+    return torch.stack(floats).sum() * 0.0
 
 
 __all__ = ["EXECUTORS", "Pipeline", "Result"]
