@@ -86,8 +86,10 @@ class Pipeline:
     needs ``sample``: from 1 up to the cores this process may use (and the layers), the depth and
     cut whose slowest stage is predicted fastest, each depth timed with the threads its stages
     would get; one stage (the model as it is, with the reason logged at INFO) unless a pipeline is
-    predicted ``partime.planning.planner.AUTO_MARGIN`` (10%) faster: by its own prediction it never chooses
-    to be slower than sequential. ``partition`` says what it chose and predicts.
+    predicted ``partime.planning.planner.AUTO_MARGIN`` (10%) faster, and then measured so
+    (``partime.planning.auto_check``: with an executor of workers, a pipeline of the chosen cut
+    runs for about a second on copies of the model and ``sample``) against the plain model with
+    plain torch on every core. ``partition`` says what it chose and predicts.
 
     With ``loss_fn`` and ``optimizer`` (a factory ``params -> Optimizer``, called once per
     stage) the pipeline learns online as SPEC.md says, under ``grad_mode`` (``"graph-stash"``,
