@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import logging
 import random
+from typing import Any
 
 import pytest
 import torch
@@ -265,7 +266,7 @@ def four_equal_layers(monkeypatch: pytest.MonkeyPatch) -> None:
     # and a stage's own tick, measured before "auto" keeps a pipeline, takes one second per layer too,
     # as does the plain model
     monkeypatch.setattr(auto_check, "_tick_seconds", lambda index, module, config, value: float(len(module)))
-    monkeypatch.setattr(auto_check, "_plain_seconds", lambda model, config, value: float(len(model)))
+    monkeypatch.setattr(auto_check, "in_turns", lambda *runs: (4.0,) * len(runs))
 
 
 @pytest.mark.usefixtures("four_equal_layers")
@@ -374,7 +375,7 @@ def test_auto_keeps_a_pipeline_only_if_its_stages_own_ticks_beat_the_plain_model
     monkeypatch.setattr(
         auto_check, "_tick_seconds", lambda index, module, config, value: 3.8 if config.depth > 1 else 9.0
     )
-    monkeypatch.setattr(auto_check, "_plain_seconds", lambda model, config, value: plain)
+    monkeypatch.setattr(auto_check, "in_turns", lambda *runs: (plain,))  # the plain model's alone
     model = nn.Sequential(*_model()[:4])
     xs = [torch.randn(4) for _ in range(5)]
     with caplog.at_level(logging.INFO, logger="partime.pipeline.pipeline"):
@@ -443,24 +444,51 @@ class _Clock:
         return self.now
 
 
-def test_steady_seconds_times_half_a_second_after_half_a_second_of_warm_up(monkeypatch) -> None:
-    # 25 items 1/16 s apart, then 1/64 s apart: the warm-up ends at item 20 (21 items, 1.25 s after
-    # the first), and the timing at item 40, the first 0.5 s after it: 4 gaps of 1/16, 16 of 1/64
-    monkeypatch.setattr(auto_check.time, "perf_counter", _Clock([1 / 16] * 25, 1 / 64))
-    taken = []
-
-    def items():
-        for k in itertools.count():
-            taken.append(k)
-            yield k
-
-    assert auto_check.steady_seconds(items()) == (4 / 16 + 16 / 64) / 20
-    assert len(taken) == 41
+def _counting(taken: list[int]):
+    """Endless items 0, 1, 2, ..., each noted in ``taken`` when it is made."""
+    for k in itertools.count():
+        taken.append(k)
+        yield k
 
 
-def test_steady_seconds_refuses_a_stream_that_ends_before_it_is_timed() -> None:
-    with pytest.raises(ValueError, match="steady_seconds needs an endless stream of items, got 3"):
-        auto_check.steady_seconds(range(3))
+def test_a_window_runs_until_its_seconds_and_items_have_passed(monkeypatch) -> None:
+    # items 1/16 s apart: a window of 0.5 s from the first item ends at the 10th after it (the
+    # fewest, 10/16 s); of 1 s, at the 16th
+    monkeypatch.setattr(auto_check.time, "perf_counter", _Clock([], 1 / 16))
+    taken: list[int] = []
+    run = _counting(taken)
+    assert auto_check.window_seconds(run, 0.5) == 1 / 16 and len(taken) == 1 + auto_check.WINDOW_COUNT
+    assert auto_check.window_seconds(run, 1.0) == 1 / 16 and len(taken) == 2 + auto_check.WINDOW_COUNT + 16
+
+
+def test_runs_in_turns_are_timed_by_the_median_of_their_windows(monkeypatch) -> None:
+    # two runs whose items come 1/64 and 1/16 s apart, read off one clock that moves 1/64 s at
+    # each reading while the first is taken and 1/16 s while the second is: each run's warm-up,
+    # then 4 windows of each in turns, at the fewest items or 0.25 s
+    clock = {"step": 0.0, "now": 0.0}
+
+    def reading() -> float:
+        clock["now"] += clock["step"]
+        return clock["now"]
+
+    def items(step: float, taken: list[float]):
+        while True:
+            clock["step"] = step
+            taken.append(step)
+            yield step
+
+    monkeypatch.setattr(auto_check.time, "perf_counter", reading)
+    fast: list[float] = []
+    slow: list[float] = []
+    assert auto_check.in_turns((items(1 / 64, fast), 1), (items(1 / 16, slow), 1)) == (1 / 64, 1 / 16)
+    # warm-up of 0.5 s then windows of 0.25 s: 33 and 17 items of the fast run, 11 and 11 of the slow
+    assert len(fast) == 33 + 4 * 17 and len(slow) == 11 + 4 * 11
+    assert torch.get_num_threads() == 1  # each window at its run's threads, then restored
+
+
+def test_a_timed_run_that_ends_is_an_error() -> None:
+    with pytest.raises(ValueError, match="a timed run ended after 3 items of a window"):
+        auto_check.window_seconds(iter(range(3)), 0.5)
 
 
 @pytest.mark.usefixtures("four_equal_layers")
@@ -471,8 +499,17 @@ def test_auto_with_workers_measures_a_running_pipeline_of_its_cut(
     def no_ticks(*args):
         raise AssertionError("the stages' ticks are not what an executor with workers is measured by")
 
+    taken: list[Any] = []
+
+    def in_turns(*runs):  # a few results of the running pipeline, and the plain model's calls
+        (results, _), (calls, threads) = runs
+        taken.extend(itertools.islice(results, 3))
+        next(calls)
+        assert threads == auto_check.usable_cores()  # every core this process may use
+        return 1.0, plain
+
     monkeypatch.setattr(auto_check, "_tick_seconds", no_ticks)
-    monkeypatch.setattr(auto_check, "_plain_seconds", lambda model, config, value: plain)
+    monkeypatch.setattr(auto_check, "in_turns", in_turns)
     model = nn.Sequential(*_model()[:4])
     xs, ys = [torch.randn(4) for _ in range(6)], [torch.randn(16) for _ in range(6)]
     before = [p.detach().clone() for p in model.parameters()]
@@ -481,7 +518,10 @@ def test_auto_with_workers_measures_a_running_pipeline_of_its_cut(
         with partime.Pipeline(model, "auto", sample=xs[0], executor="thread", **kw) as pipe:
             assert pipe.depth == depth
             results = list(pipe.stream(xs, ys))
-    assert f"ms per sample at 4 stages [1, 1, 1, 1] (running), {plain * 1e3:.3g} ms for the plain model" in caplog.text
+    said = f"measured 1e+03 ms per sample at 4 stages [1, 1, 1, 1] (running), {plain * 1e3:.3g} ms for the plain model"
+    assert said in caplog.text
+    # results of the trial pipeline: the sample's, again and again, with no loss (it learns from zero)
+    assert [r.index for r in taken] == [0, 1, 2] and all(r.loss == 0.0 for r in taken)
     assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before, strict=True))
     # the trial ran on copies: the pipeline learns from its first sample as one that never ran one
     _same(results, _run(model, [1, 1, 1, 1] if depth == 4 else [4], xs, ys, executor="inline"))

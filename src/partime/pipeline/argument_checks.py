@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,7 +67,7 @@ def check_arguments(
     timeout: float | None,
     sample: Any = None,
     compensation: str | Sequence[str] = "auto",
-    running: Callable[[Partition], float] | None = None,
+    running: Callable[[Partition], AbstractContextManager[Iterator[Any]]] | None = None,
 ) -> Arguments:
     """``Pipeline``'s arguments, checked in the order they are documented: a ValueError (or the
     error of ``check_balance``, ``executor_class``, ``check_loss_fn``, ``check_devices``) for the
@@ -80,8 +81,8 @@ def check_arguments(
     what a checkpoint must match, before the first sample), ``devices`` None or the CPU, and an executor that
     runs every stage from this process; then the layers are timed on ``sample`` with the thread
     count each depth would give its stages, the cut chosen is measured against the plain model
-    (``auto_check.confirmed``; ``running(partition)``, where given, is the seconds per sample of a
-    pipeline of that cut running with these arguments, which an executor with workers is
+    (``auto_check.confirmed``; ``running(partition)``, where given, opens a pipeline of that cut
+    with these arguments and gives its endless results, which an executor with workers is
     measured by), and the partition kept is returned."""
     check_balance(model, balance)
     if grad_mode not in GRAD_MODES:

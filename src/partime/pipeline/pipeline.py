@@ -15,6 +15,7 @@ import logging
 import os
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 import torch
@@ -30,7 +31,6 @@ from ..executors.base import READ_AHEAD
 from ..executors.distributed.on_rank_0 import on_rank_0
 from ..learning.compensation import check_compensation
 from ..learning.optimizer_state import check_optimizer_factory
-from ..planning.auto_check import steady_seconds
 from ..planning.balance import Balance
 from ..planning.partition import Partition, split
 from ..planning.planner import plan
@@ -205,7 +205,7 @@ class Pipeline:
                 sample=sample,
                 compensation=compensation,
                 running=functools.partial(
-                    _seconds_per_sample,
+                    _running,
                     layers,
                     sample,
                     dict(
@@ -698,14 +698,17 @@ class Pipeline:
         return checkpoint.to_checkpoint(self._state, self._identity(), executor_state)
 
 
-def _seconds_per_sample(layers: nn.Sequential, sample: Any, options: dict[str, Any], partition: Partition) -> float:
-    """The steady seconds per result (``auto_check.steady_seconds``) of a pipeline of ``partition``
-    over a copy of ``layers``, made with ``options``, streaming ``sample`` again and again. When it
-    learns, its loss is zero times the sum of the last stage's output: every stage runs its
+@contextmanager
+def _running(
+    layers: nn.Sequential, sample: Any, options: dict[str, Any], partition: Partition
+) -> Iterator[Iterator[Result]]:
+    """A pipeline of ``partition`` over a copy of ``layers``, made with ``options``, and its
+    results of ``sample`` streamed again and again, for as long as they are taken; the pipeline is
+    closed after. When it learns, its loss is zero times the sum of the last stage's output: every stage runs its
     forward, backward and step as it would, and no weight moves by a gradient."""
     loss_fn = None if options["optimizer"] is None else _zero_loss
     with Pipeline(copy.deepcopy(layers), list(partition.balance), loss_fn=loss_fn, **options) as trial:
-        return steady_seconds(trial.stream(itertools.repeat(sample)))
+        yield trial.stream(itertools.repeat(sample))
 
 
 def _zero_loss(output: Any) -> torch.Tensor:

@@ -26,7 +26,8 @@ import dataclasses
 import logging
 import statistics
 import time
-from collections.abc import Callable, Generator, Iterable, Iterator
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
@@ -45,15 +46,19 @@ WARMUP_TICKS = 2
 TIMED_TICKS = 10
 """Ticks of each stage timed; a stage's time is their median."""
 
-STEADY_WARMUP_S = 0.5
-"""Seconds that ``steady_seconds`` lets pass (and ``STEADY_COUNT`` items) before it times: a
-fresh worker's, or a fresh model's, first calls are slower than its steady ones."""
+WARMUP_S = 0.5
+"""Seconds (and at least ``WINDOW_COUNT`` items) that the pipeline and the plain model each run
+before they are timed: a fresh worker's, or a fresh model's, first calls are slower."""
 
-STEADY_S = 0.5
-"""Seconds over which ``steady_seconds`` times (and at least ``STEADY_COUNT`` items)."""
+WINDOW_S = 0.25
+"""Seconds of each timed window (and at least ``WINDOW_COUNT`` items)."""
 
-STEADY_COUNT = 20
-"""The fewest items ``steady_seconds`` warms up with, and times."""
+WINDOW_COUNT = 10
+"""The fewest items in a window."""
+
+WINDOWS = 4
+"""Timed windows of each, the pipeline's and the plain model's taking turns: a time is their
+median, and the turns make a machine that slows or speeds up for a while slow both alike."""
 
 
 def confirmed(
@@ -62,17 +67,19 @@ def confirmed(
     sample: Any,
     config: StageConfig,
     threads: Callable[[int], int],
-    running: Callable[[Partition], float] | None = None,
+    running: Callable[[Partition], AbstractContextManager[Iterator[Any]]] | None = None,
     margin: float = AUTO_MARGIN,
 ) -> Partition:
     """``partition`` if it is measured (see the module docstring) ``margin`` faster than the plain
     model, else the model as one stage (with the figures logged at INFO). ``config`` is the
     pipeline's, for ``partition.depth`` stages; ``threads(D)`` is the torch thread count each of D
-    stages runs with (the plain model runs with one per usable core); ``running(partition)``, where given, the seconds per sample of a pipeline of
-    ``partition`` running."""
+    stages runs with (the plain model runs with one per usable core); ``running(partition)``,
+    where given, opens a pipeline of ``partition`` and gives its endless results."""
     depth, n = partition.depth, len(model)
+    plain = (_plain_calls(copy.deepcopy(model), config, sample), usable_cores())
     if running is not None:
-        pipeline = running(partition)
+        with running(partition) as results:
+            pipeline, alone = in_turns((results, torch.get_num_threads()), plain)
         how = "running"
     else:
         staged = copy.deepcopy(model)  # the timing steps and updates BatchNorm statistics: not the pipeline's
@@ -85,9 +92,8 @@ def confirmed(
             ]
         hops = partition.hop_costs or (0.0,) * depth  # a tick's own work and its boundaries' copies
         pipeline = max(t + hop for t, hop in zip(stages, hops, strict=True))
+        (alone,) = in_turns(plain)
         how = "its stages' ticks"
-    with torch_threads(usable_cores()):
-        alone = _plain_seconds(copy.deepcopy(model), config, sample)
     said = f"measured {pipeline * 1e3:.3g} ms per sample at {depth} stages {list(partition.balance)} ({how}), "
     said += f"{alone * 1e3:.3g} ms for the plain model"
     if pipeline * (1 + margin) <= alone:
@@ -107,35 +113,39 @@ def _inputs(model: nn.Sequential, partition: Partition, sample: Any) -> list[Any
     return values
 
 
-def steady_seconds(done: Iterable[Any]) -> float:
-    """The seconds per item of ``done`` (each one made when it is taken: a result of a running
-    pipeline, a call of a model), on average over ``STEADY_S`` seconds after ``STEADY_WARMUP_S``
-    (each at least ``STEADY_COUNT`` items): its rate, stalls included. ``done`` is closed after."""
-    seen: list[float] = []  # when each item came
-    timed_from: int | None = None  # the first item timed
-    for _ in done:
+def in_turns(*runs: tuple[Iterator[Any], int]) -> tuple[float, ...]:
+    """The seconds per item of each of ``runs``, an iterator (each item made when it is taken: a
+    result of a running pipeline, a call of a model) and the torch thread count to take its items
+    with: after each has run ``WARMUP_S``, the median of ``WINDOWS`` windows of ``WINDOW_S``,
+    taken in turns, one window of each run after the other. A window's time is its rate, stalls
+    included. A ``ValueError`` if a run ends."""
+
+    def window(run: Iterator[Any], threads: int, seconds: float) -> float:
+        with torch_threads(threads):
+            return window_seconds(run, seconds)
+
+    for run in runs:
+        window(*run, WARMUP_S)
+    windows = [[window(*run, WINDOW_S) for run in runs] for _ in range(WINDOWS)]
+    return tuple(statistics.median(times) for times in zip(*windows))
+
+
+def window_seconds(run: Iterator[Any], seconds: float) -> float:
+    """The seconds per item of ``run`` over a window from its next item to the first at least
+    ``seconds`` and ``WINDOW_COUNT`` items later."""
+    taken, start = 0, None
+    for _ in run:
         now = time.perf_counter()
-        seen.append(now)
-        if timed_from is None:
-            if len(seen) > STEADY_COUNT and now - seen[0] >= STEADY_WARMUP_S:
-                timed_from = len(seen) - 1
-        elif len(seen) - timed_from > STEADY_COUNT and now - seen[timed_from] >= STEADY_S:
-            break
-    if isinstance(done, Generator):
-        done.close()
-    if timed_from is None or len(seen) - timed_from <= STEADY_COUNT:
-        raise ValueError(f"steady_seconds needs an endless stream of items, got {len(seen)}")
-    return (seen[-1] - seen[timed_from]) / (len(seen) - 1 - timed_from)
-
-
-def _plain_seconds(model: nn.Module, config: StageConfig, value: Any) -> float:
-    """The steady seconds of a call of ``model`` on ``value`` with plain torch (see the module
-    docstring): when ``config`` learns, with an optimizer of its own from ``config.optimizer``."""
-    return steady_seconds(_plain_calls(model, config, value))
+        if start is None:
+            start = now
+        elif (taken := taken + 1) >= WINDOW_COUNT and now - start >= seconds:
+            return (now - start) / taken
+    raise ValueError(f"a timed run ended after {taken + (start is not None)} items of a window")
 
 
 def _plain_calls(model: nn.Module, config: StageConfig, value: Any) -> Iterator[None]:
-    """Calls of ``model`` on ``value`` with plain torch, one per item taken (see ``_plain_seconds``)."""
+    """Calls of ``model`` on ``value`` with plain torch, one per item taken (see the module
+    docstring): when ``config`` learns, with an optimizer of its own from ``config.optimizer``."""
     learning = config.optimizer is not None  # config.learning, in a form mypy narrows
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = config.optimizer(params) if config.optimizer is not None and params else None
