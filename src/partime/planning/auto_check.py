@@ -6,17 +6,17 @@ or runs a late gradient's sample forward again (``stash``), the compensation kee
 weights, the optimizer steps, and each of those costs Python time that no layer's timing sees;
 on small stages that is most of the tick, and stages that run at once on one machine slow each
 other and wait for each other. So before ``"auto"`` keeps a pipeline, ``confirmed`` measures it:
-where its executor runs the stages in workers, a pipeline of the cut itself, running for a
-moment on copies of the model and the sample (``running``); else (the inline executor, which
-simulates one) each stage of its cut as partime's own ``Stage`` for a few ticks of a steady stream
-(a forward per tick and, when learning, the product of a gradient of ones for the sample its
-delay gives, and the step), plus what its boundaries cost it per tick (``Partition.hop_costs``).
-It weighs that against the model as a user runs it without partime, with plain torch on every
-core: a forward without gradients, or a forward, the backward of a gradient of zeros and a step
-of the pipeline's optimizer (the work of any gradient, and weights that stay put, for as long as
-it runs). The pipeline is kept only if it is ``planner.AUTO_MARGIN`` faster than
-that, so ``"auto"`` falls back to one stage wherever the plain model would be as fast (the bench's
-"sequential" on every core).
+where its executor runs the stages in workers, a pipeline of the cut itself, running on copies of
+the model and the sample (``running``), in turns with the plain model (``in_turns``); else (the
+inline executor, which simulates one) each stage of its cut as partime's own ``Stage`` for a few
+ticks of a steady stream (a forward per tick and, when learning, the product of a gradient of ones
+for the sample its delay gives, and the step), plus what its boundaries cost it per tick
+(``Partition.hop_costs``). The plain model is the model as a user runs it without partime, with
+plain torch and the threads one stage would have (every core, unless the pipeline's ``threads`` says
+otherwise): a forward without gradients, or a forward, the backward of a gradient of zeros and a
+step of the pipeline's optimizer (the work of any gradient, and weights that stay put for as long as
+it runs). The pipeline is kept only if it is ``planner.AUTO_MARGIN`` faster than that, so ``"auto"``
+falls back to one stage wherever the model alone would be as fast.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from torch import Tensor, nn
 from ..core.boundary_values import as_tensors
 from ..core.stage import Stage, StageConfig
 from .partition import Partition, split
-from .planner import AUTO_MARGIN, torch_threads, usable_cores
+from .planner import AUTO_MARGIN, torch_threads
 
 log = logging.getLogger("partime.pipeline.pipeline")
 
@@ -73,10 +73,11 @@ def confirmed(
     """``partition`` if it is measured (see the module docstring) ``margin`` faster than the plain
     model, else the model as one stage (with the figures logged at INFO). ``config`` is the
     pipeline's, for ``partition.depth`` stages; ``threads(D)`` is the torch thread count each of D
-    stages runs with (the plain model runs with one per usable core); ``running(partition)``,
+    stages runs with (the plain model runs with ``threads(1)``, as the pipeline would at one
+    stage); ``running(partition)``,
     where given, opens a pipeline of ``partition`` and gives its endless results."""
     depth, n = partition.depth, len(model)
-    plain = (_plain_calls(copy.deepcopy(model), config, sample), usable_cores())
+    plain = (_plain_calls(copy.deepcopy(model), config, sample), threads(1))
     if running is not None:
         with running(partition) as results:
             pipeline, alone = in_turns((results, torch.get_num_threads()), plain)

@@ -55,11 +55,13 @@ DEPTHS = (2,)
 PIPELINES = (
     PipelineKind("process", "process"),
     PipelineKind("thread", "thread"),
-    PipelineKind("process auto", "process", {"balance": "auto"}),
+    PipelineKind("process auto", "process", {"balance": "auto", "threads": None}),
 )
 """The pipeline contenders, in the order of the report (one more is one more line here): each
 executor at each depth of the sweep, and the process executor with ``balance="auto"``, which
-chooses its depth (up to the cores) and falls back to the model alone where no pipeline is faster."""
+chooses its depth (up to the cores) and falls back to the model alone where no pipeline is faster;
+with the thread count a user gets by default (the cores divided among its stages), so that its one
+stage has every core."""
 
 
 def contenders(depths: Sequence[int], cores: int, pipelines: Sequence[PipelineKind] = PIPELINES) -> list[Contender]:
