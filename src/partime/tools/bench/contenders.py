@@ -108,7 +108,7 @@ class Contender:
 @dataclass(frozen=True)
 class PipelineKind:
     """How one pipeline contender is built: ``Pipeline(model, balance=D, executor=executor,
-    sample=..., threads=1, **options)`` (``options`` may replace ``balance`` and ``threads``)."""
+    sample=..., threads=1, **options)`` (``options`` may replace ``balance``)."""
 
     name: str
     executor: str

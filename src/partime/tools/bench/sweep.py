@@ -55,13 +55,14 @@ DEPTHS = (2,)
 PIPELINES = (
     PipelineKind("process", "process"),
     PipelineKind("thread", "thread"),
-    PipelineKind("process auto", "process", {"balance": "auto", "threads": None}),
+    PipelineKind("process auto", "process", {"balance": "auto"}),
 )
 """The pipeline contenders, in the order of the report (one more is one more line here): each
 executor at each depth of the sweep, and the process executor with ``balance="auto"``, which
-chooses its depth (up to the cores) and falls back to the model alone where no pipeline is faster;
-with the thread count a user gets by default (the cores divided among its stages), so that its one
-stage has every core."""
+chooses its depth (up to the cores) and falls back to the model alone where no pipeline is faster.
+Each has one torch thread per stage, as the caller has while a stage runs in it (torch's thread
+count is the process's: two pipelines open in one process at other counts would slow each other),
+so the one stage of ``auto`` has one too, and so has the plain model it is measured against."""
 
 
 def contenders(depths: Sequence[int], cores: int, pipelines: Sequence[PipelineKind] = PIPELINES) -> list[Contender]:
