@@ -60,9 +60,10 @@ PIPELINES = (
 """The pipeline contenders, in the order of the report (one more is one more line here): each
 executor at each depth of the sweep, and the process executor with ``balance="auto"``, which
 chooses its depth (up to the cores) and falls back to the model alone where no pipeline is faster.
-Each has one torch thread per stage, as the caller has while a stage runs in it (torch's thread
-count is the process's: two pipelines open in one process at other counts would slow each other),
-so the one stage of ``auto`` has one too, and so has the plain model it is measured against."""
+Each has one torch thread per stage: the caller that hosts a stage keeps that stage's thread count
+while the pipeline is open, so two pipelines open at once at other counts would slow each other.
+The one stage ``auto`` falls back to has one thread too, as has the plain model it is measured
+against."""
 
 
 def contenders(depths: Sequence[int], cores: int, pipelines: Sequence[PipelineKind] = PIPELINES) -> list[Contender]:
