@@ -8,7 +8,8 @@ D = 8. This runs the default configuration of each optimizer (``graph-stash`` wi
 learning, on ``partime fidelity``'s three streams, as ``partime fidelity --own-step`` does: each
 at every step size of its optimizer's own grid on seed 0, then at the best of them on seeds 1 and
 2 (3000 samples, the inline executor, so the figures do not depend on the machine). The cuts are
-fixed, those of docs/fidelity-own-step.md's D = 2 runs with momentum and Adam and of its D = 4 runs.
+fixed (``CUTS``): those that docs/fidelity-own-step.md's runs planned, but for the camera at D = 2
+with momentum and Adam, which was cut at [2, 6] there and is at [4, 4] here, as with SGD.
 
 Run: ``.venv/bin/python docs/step_scale_power.py`` (about 25 minutes on two cores); it prints the
 rows as JSON, then a table of each configuration's mean score over seeds 1 and 2 and its gap to
