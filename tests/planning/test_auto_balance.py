@@ -453,13 +453,15 @@ def _counting(taken: list[int]):
 
 
 def test_a_window_runs_until_its_seconds_and_items_have_passed(monkeypatch) -> None:
-    # items 1/16 s apart: a window of 0.5 s from the first item ends at the 10th after it (the
-    # fewest, 10/16 s); of 1 s, at the 16th
+    # items 1/16 s apart: a window of 0.5 s ends at the 8th item after its first, of 1 s at the
+    # 16th, of 0.1 s at the 3rd (the fewest, WINDOW_COUNT)
+    assert auto_check.WINDOW_COUNT == 3
     monkeypatch.setattr(auto_check.time, "perf_counter", _Clock([], 1 / 16))
     taken: list[int] = []
     run = _counting(taken)
-    assert auto_check.window_seconds(run, 0.5) == 1 / 16 and len(taken) == 1 + auto_check.WINDOW_COUNT
-    assert auto_check.window_seconds(run, 1.0) == 1 / 16 and len(taken) == 2 + auto_check.WINDOW_COUNT + 16
+    assert auto_check.window_seconds(run, 0.5) == 1 / 16 and len(taken) == 1 + 8
+    assert auto_check.window_seconds(run, 1.0) == 1 / 16 and len(taken) == 9 + 1 + 16
+    assert auto_check.window_seconds(run, 0.1) == 1 / 16 and len(taken) == 26 + 1 + 3
 
 
 def test_runs_in_turns_are_timed_by_the_median_of_their_windows(monkeypatch) -> None:
@@ -482,8 +484,9 @@ def test_runs_in_turns_are_timed_by_the_median_of_their_windows(monkeypatch) -> 
     fast: list[float] = []
     slow: list[float] = []
     assert auto_check.in_turns((items(1 / 64, fast), 1), (items(1 / 16, slow), 1)) == (1 / 64, 1 / 16)
-    # warm-up of 0.5 s then windows of 0.25 s: 33 and 17 items of the fast run, 11 and 11 of the slow
-    assert len(fast) == 33 + 4 * 17 and len(slow) == 11 + 4 * 11
+    # a warm-up of 0.5 s, then windows of 0.25 s: 1 + 32 and 1 + 16 items of the fast run, 1 + 8
+    # and 1 + 4 of the slow one
+    assert len(fast) == 33 + 4 * 17 and len(slow) == 9 + 4 * 5
     assert torch.get_num_threads() == 1  # each window at its run's threads, then restored
 
 

@@ -88,8 +88,9 @@ class Pipeline:
     would get; one stage (the model as it is, with the reason logged at INFO) unless a pipeline is
     predicted ``partime.planning.planner.AUTO_MARGIN`` (10%) faster, and then measured so
     (``partime.planning.auto_check``: with an executor of workers, a pipeline of the chosen cut
-    runs for about a second on copies of the model and ``sample``) against the plain model with
-    plain torch on every core. ``partition`` says what it chose and predicts.
+    runs for a few seconds on copies of the model and ``sample``, in turns with the plain model)
+    against the plain model with plain torch and the threads one stage would have.
+    ``partition`` says what it chose and predicts.
 
     With ``loss_fn`` and ``optimizer`` (a factory ``params -> Optimizer``, called once per
     stage) the pipeline learns online as SPEC.md says, under ``grad_mode`` (``"graph-stash"``,
@@ -704,8 +705,8 @@ def _running(
 ) -> Iterator[Iterator[Result]]:
     """A pipeline of ``partition`` over a copy of ``layers``, made with ``options``, and its
     results of ``sample`` streamed again and again, for as long as they are taken; the pipeline is
-    closed after. When it learns, its loss is zero times the sum of the last stage's output: every stage runs its
-    forward, backward and step as it would, and no weight moves by a gradient."""
+    closed after. When it learns, its loss is zero times the sum of the last stage's output: every
+    stage runs its forward, backward and step as it would, and no weight moves by a gradient."""
     loss_fn = None if options["optimizer"] is None else _zero_loss
     with Pipeline(copy.deepcopy(layers), list(partition.balance), loss_fn=loss_fn, **options) as trial:
         yield trial.stream(itertools.repeat(sample))

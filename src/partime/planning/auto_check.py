@@ -53,8 +53,9 @@ before they are timed: a fresh worker's, or a fresh model's, first calls are slo
 WINDOW_S = 0.25
 """Seconds of each timed window (and at least ``WINDOW_COUNT`` items)."""
 
-WINDOW_COUNT = 10
-"""The fewest items in a window."""
+WINDOW_COUNT = 3
+"""The fewest items in a window (and in the warm-up) after its first: a model of a second a sample
+and its pipeline are measured in about 30 seconds, one of 10 ms in about 3."""
 
 WINDOWS = 4
 """Timed windows of each, the pipeline's and the plain model's taking turns: a time is their
@@ -74,8 +75,8 @@ def confirmed(
     model, else the model as one stage (with the figures logged at INFO). ``config`` is the
     pipeline's, for ``partition.depth`` stages; ``threads(D)`` is the torch thread count each of D
     stages runs with (the plain model runs with ``threads(1)``, as the pipeline would at one
-    stage); ``running(partition)``,
-    where given, opens a pipeline of ``partition`` and gives its endless results."""
+    stage); ``running(partition)``, where given, opens a pipeline of ``partition`` and gives its
+    endless results."""
     depth, n = partition.depth, len(model)
     plain = (_plain_calls(copy.deepcopy(model), config, sample), threads(1))
     if running is not None:
