@@ -8,7 +8,7 @@ D = 8. This runs the default configuration of each optimizer (``graph-stash`` wi
 learning, on ``partime fidelity``'s three streams, as ``partime fidelity --own-step`` does: each
 at every step size of its optimizer's own grid on seed 0, then at the best of them on seeds 1 and
 2 (3000 samples, the inline executor, so the figures do not depend on the machine). The cuts are
-fixed (``CUTS``): those that docs/fidelity-own-step.md's runs planned, but for the camera at D = 2
+fixed (``clip_by_delay.CUTS``): those that docs/fidelity-own-step.md's runs planned, but for the camera at D = 2
 with momentum and Adam, which was cut at [2, 6] there and is at [4, 4] here, as with SGD.
 
 Run: ``.venv/bin/python docs/step_scale_power.py`` (about 25 minutes on two cores); it prints the
@@ -20,6 +20,8 @@ import json
 import statistics
 from concurrent.futures import ProcessPoolExecutor
 
+from clip_by_delay import CUTS  # the same fixed cuts, beside this script
+
 from partime.learning import compensation
 from partime.tools.fidelity import runs
 from partime.tools.fidelity.configs import Config, automatic
@@ -30,8 +32,6 @@ DEPTHS = (2, 4)
 STREAMS = ("digits", "shuffled", "camera")
 OPTIMIZERS = ("sgd", "momentum", "adam")
 SEEDS = 2
-CUTS = {("camera", 2): (4, 4), ("camera", 4): (2, 2, 2, 2), ("digits", 2): (3, 7), ("digits", 4): (2, 1, 2, 5)}
-CUTS |= {("shuffled", depth): cut for (stream, depth), cut in CUTS.items() if stream == "digits"}
 
 Key = tuple[float | None, int, str, str]
 """A configuration: the power (None for sequential), the depth, the stream and the optimizer."""
