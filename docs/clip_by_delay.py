@@ -5,8 +5,8 @@ of the running mean of its recent norms (an exponential average over about 20 st
 the clipped norms): ``CLIP`` times that mean ("flat"), or ``1 + c / τ`` times it ("by delay", so
 the stalest stages clip hardest). The clipping is put around partime's own step
 (``partime.core.stage.step``) here, in each run's process; nothing else changes. Each run is one
-of ``partime fidelity``'s (``tools.fidelity.runs.run``, 3000 samples, the inline executor, so the
-figures do not depend on the machine), on seeds 1 and 2, at the step sizes ``jobs`` lists: for the
+of ``partime fidelity``'s (``tools.fidelity.runs.run``, 3000 samples, its fixed cuts, the inline
+executor, so the figures do not depend on the machine), on seeds 1 and 2, at the step sizes ``jobs`` lists: for the
 defaults, those their own-step tuning chose (docs/fidelity-own-step.md), and the same for the
 clipped variants.
 
@@ -25,12 +25,6 @@ from partime.tools.fidelity.configs import Config
 
 EMA = 0.95
 """The running mean's weight on its past: about 20 steps."""
-
-CUTS = {("camera", 2): (4, 4), ("camera", 4): (2, 2, 2, 2), ("digits", 2): (3, 7), ("digits", 4): (2, 1, 2, 5)}
-CUTS |= {("shuffled", depth): cut for (stream, depth), cut in CUTS.items() if stream == "digits"}
-"""The layers per stage of each (stream, depth), fixed (a planned cut follows the machine's timings):
-those docs/fidelity-own-step.md's runs planned, but the camera's at D = 2, which those runs cut
-at [4, 4] with SGD and at [2, 6] with momentum and Adam: [4, 4] here with every optimizer."""
 
 ORIGINAL = (stage_module.make_learning, stage_module.step)
 
@@ -65,7 +59,7 @@ def clipping(kind: str, c: float) -> None:
 def one(job: tuple) -> dict:
     stream, optimizer, depth, compensation, lr, kind, c, seed = job
     clipping(kind, c)
-    config = Config(stream, depth, "graph-stash", compensation, seed, CUTS.get((stream, depth)), optimizer, lr)
+    config = Config(stream, depth, "graph-stash", compensation, seed, runs.cut(stream, depth), optimizer, lr)
     row = runs.run(config, 3000)
     return dict(zip(("stream", "optimizer", "depth", "compensation", "lr", "kind", "c", "seed"), job)) | {
         "loss": row["loss"],

@@ -8,8 +8,9 @@ D = 8. This runs the default configuration of each optimizer (``graph-stash`` wi
 learning, on ``partime fidelity``'s three streams, as ``partime fidelity --own-step`` does: each
 at every step size of its optimizer's own grid on seed 0, then at the best of them on seeds 1 and
 2 (3000 samples, the inline executor, so the figures do not depend on the machine). The cuts are
-fixed (``clip_by_delay.CUTS``): those that docs/fidelity-own-step.md's runs planned, but for the camera at D = 2
-with momentum and Adam, which was cut at [2, 6] there and is at [4, 4] here, as with SGD.
+fidelity's fixed ones (``tools.fidelity.configs.FIXED_CUTS``): those that docs/fidelity-own-step.md's runs
+planned, but for the camera at D = 2 with momentum and Adam, which was cut at [2, 6] there and is
+at [4, 4] here, as with SGD.
 
 Run: ``.venv/bin/python docs/step_scale_power.py`` (about 25 minutes on two cores); it prints the
 rows as JSON, then a table of each configuration's mean score over seeds 1 and 2 and its gap to
@@ -19,8 +20,6 @@ sequential's.
 import json
 import statistics
 from concurrent.futures import ProcessPoolExecutor
-
-from clip_by_delay import CUTS  # the same fixed cuts, beside this script
 
 from partime.learning import compensation
 from partime.tools.fidelity import runs
@@ -41,7 +40,7 @@ def config(key: Key, seed: int, lr: float) -> Config:
     _, depth, stream, optimizer = key
     if depth == 1:
         return Config(stream, 1, seed=seed, optimizer=optimizer, lr=lr)
-    return Config(stream, depth, "graph-stash", automatic(optimizer), seed, CUTS[(stream, depth)], optimizer, lr)
+    return Config(stream, depth, "graph-stash", automatic(optimizer), seed, runs.cut(stream, depth), optimizer, lr)
 
 
 def one(job: tuple[Key, Config]) -> tuple[Key, dict]:

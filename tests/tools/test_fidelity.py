@@ -66,10 +66,45 @@ def test_the_shuffled_control_is_cut_as_moving_digits_and_planned_once(monkeypat
         return (len(planned), 10 - len(planned))
 
     monkeypatch.setattr(fid, "cut", cut)
-    configs = fid.configs(["digits", "shuffled", "camera"], [2], seeds=2)
+    configs = fid.configs(["digits", "shuffled", "camera"], [2], seeds=2, how="planned")
     cuts = {s: {c.balance for c in configs if c.stream == s and c.depth == 2} for s in fid.STREAMS}
     assert planned == [("digits", 2), ("camera", 2)]
     assert cuts["digits"] == cuts["shuffled"] == {(1, 9)} and cuts["camera"] == {(2, 8)}
+
+
+def test_the_cuts_are_fixed_by_default_whatever_the_machine_times(monkeypatch):
+    def timed(*args, **kwargs):
+        raise AssertionError("a fixed cut is not planned")
+
+    monkeypatch.setattr(fid, "plan", timed)
+    configs = fid.configs(["digits", "shuffled", "camera"], [2, 4, 8], seeds=1)
+    cuts = {(c.stream, c.depth): c.balance for c in configs if c.depth > 1}
+    assert cuts == {
+        ("digits", 2): (3, 7),
+        ("digits", 4): (2, 1, 2, 5),
+        ("digits", 8): (1, 1, 1, 1, 1, 1, 1, 3),
+        ("shuffled", 2): (3, 7),
+        ("shuffled", 4): (2, 1, 2, 5),
+        ("shuffled", 8): (1, 1, 1, 1, 1, 1, 1, 3),
+        ("camera", 2): (4, 4),
+        ("camera", 4): (2, 2, 2, 2),
+        ("camera", 8): (1, 1, 1, 1, 1, 1, 1, 1),
+    }
+    for (model, depth), balance in fid.FIXED_CUTS.items():  # every layer of the model, in D stages
+        assert len(balance) == depth and sum(balance) == len(
+            fid.camera_model() if model == "camera" else fid.digits_model()
+        )
+    assert fid.cut("digits", 1) == (10,)
+
+
+def test_a_depth_without_a_fixed_cut_is_refused_with_the_other_cuts():
+    with pytest.raises(
+        ValueError,
+        match=r"no fixed cut of the camera model at D = 3 \(fixed cuts: D = 2, 4, 8\); "
+        r"pass cut 'planned' \(--cut planned\) or 'even'",
+    ):
+        fid.cut("camera", 3)
+    assert fid.cut("camera", 3, "even") == (3, 3, 2)
 
 
 def test_summary_gaps_are_against_sequential():

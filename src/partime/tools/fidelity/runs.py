@@ -7,10 +7,12 @@ measures learning, not hardware, and needs one core. D = 1 is sequential online 
 and over its last quarter alone: the first says what the delay costs in all, the second what it
 still costs once most has been learnt.
 
-The cut at each depth is, by default, the one a ``Pipeline`` given ``balance=D`` chooses when it
-learns (``steady_cut``: as fast as the fastest cut within 10%, with the fewest weights delayed),
-planned once per model and depth so that every run at that depth uses the same cut; ``cut="even"``
-gives each stage the same number of layers instead, to show what the choice of cut is worth.
+The cut at each depth is, by default, fixed (``FIXED_CUTS``: cuts that a learning ``Pipeline``
+given ``balance=D`` chose on the development machine), so that the figures follow from the
+configuration alone; ``cut="planned"`` plans it afresh on the machine that runs the bench, as
+such a pipeline would (``steady_cut``: as fast as the fastest cut within 10%, with the fewest
+weights delayed), once per model and depth, so that every run at that depth uses the same cut;
+``cut="even"`` gives each stage the same number of layers, to show what the choice of cut is worth.
 
 Each optimizer (``OPTIMIZERS``: plain SGD, SGD with momentum 0.9, Adam) learns each stream at the
 step size of ``LR_GRID`` that suits sequential learning of it best on ``TUNING_SEED``
@@ -47,6 +49,7 @@ from .configs import (
     COMPENSATIONS,
     CUTS,
     DEFAULT,
+    FIXED_CUTS,
     DEFAULT_GRAD_MODE,
     DIGITS_LR,
     GRAD_MODES,
@@ -99,6 +102,7 @@ __all__ = [
     "DEFAULT",
     "DEFAULT_GRAD_MODE",
     "DIGITS_LR",
+    "FIXED_CUTS",
     "GRAD_MODES",
     "HOLD",
     "LARGER_STEP",
@@ -247,12 +251,24 @@ def _recording(ys: Iterator[Tensor], into: list[Tensor]) -> Iterator[Tensor]:
         yield y
 
 
-def cut(stream: str, depth: int, how: str = "planned") -> tuple[int, ...]:
-    """Layers per stage of the stream's model at ``depth``: ``"planned"`` as a learning
-    ``Pipeline(balance=depth)`` would cut it (timed on one thread on a sample of the stream), or
-    ``"even"``, the same number of layers in each stage (the larger stages first)."""
+def cut(stream: str, depth: int, how: str = "fixed") -> tuple[int, ...]:
+    """Layers per stage of the stream's model at ``depth``: ``"fixed"``, ``FIXED_CUTS``'s (a
+    ValueError for a depth it does not hold); ``"planned"`` as a learning
+    ``Pipeline(balance=depth)`` would cut it on this machine (timed on one thread on a sample of
+    the stream); or ``"even"``, the same number of layers in each stage (the larger stages first)."""
     if how not in CUTS:
         raise ValueError(f"unknown cut {how!r}; choose from {', '.join(CUTS)}")
+    model_name = "camera" if stream == "camera" else "digits"
+    if how == "fixed":
+        if depth == 1:
+            return (len(camera_model() if stream == "camera" else digits_model()),)
+        if (model_name, depth) not in FIXED_CUTS:
+            held = ", ".join(str(d) for m, d in FIXED_CUTS if m == model_name)
+            raise ValueError(
+                f"no fixed cut of the {model_name} model at D = {depth} (fixed cuts: D = {held}); "
+                "pass cut 'planned' (--cut planned) or 'even'"
+            )
+        return FIXED_CUTS[model_name, depth]
     model = camera_model() if stream == "camera" else digits_model()
     if how == "even":
         return tuple(even_balance(len(model), depth))
@@ -269,7 +285,7 @@ def configs(
     stream_names: Sequence[str],
     depths: Sequence[int],
     seeds: int,
-    how: str = "planned",
+    how: str = "fixed",
     step_sizes: StepSizes | None = None,
     only: Collection[str] | None = None,
 ) -> list[Config]:
@@ -295,7 +311,7 @@ def own_step_tuning(
     stream_names: Sequence[str],
     depths: Sequence[int],
     optimizers: Sequence[str],
-    how: str = "planned",
+    how: str = "fixed",
     only: Collection[str] | None = None,
 ) -> list[Config]:
     """What ``configs`` runs with each of ``optimizers`` (``only`` as there), each configuration,
