@@ -135,24 +135,34 @@ CONFIGS = (  # (depth, compensation, which stages rotate)
 )
 
 
-def main() -> None:
-    streams = sys.argv[1].split(",") if len(sys.argv) > 1 else ["camera", "digits", "shuffled"]
-    tuning = [(s, d, c, r, lr, TUNING_SEED) for s in streams for d, c, r in CONFIGS for lr in own_grid("adam")]
+def at_own_steps(one, tuning: list[tuple], knobs: int) -> None:
+    """Run ``one`` on every job of ``tuning`` (each ``(stream, *knobs, lr, seed)``, ``knobs`` values
+    that make one configuration), take each configuration's best step size (``score``), run it on
+    the reported seeds, and print the rows as JSON, then each configuration's step size and mean
+    score over those seeds (a diverged run counts as NaN)."""
     with ProcessPoolExecutor(2) as pool:
         tuned = list(pool.map(one, tuning))
+        names = list(tuned[0])[: 1 + knobs]  # the stream and the knobs, as ``one`` names them
         best: dict[tuple, dict] = {}
         for row in tuned:
-            key = (row["stream"], row["depth"], row["compensation"], row["rotate"])
+            key = tuple(row[name] for name in names)
             if key not in best or score(row) > score(best[key]):
                 best[key] = row
         reported = [(*key, best[key]["lr"], seed) for key in best for seed in reported_seeds(2)]
         rows = list(pool.map(one, reported))
     print(json.dumps(dict(tuning=tuned, reported=rows)))
     for key, chosen in best.items():
-        mine = [r for r in rows if (r["stream"], r["depth"], r["compensation"], r["rotate"]) == key]
+        mine = [r for r in rows if tuple(r[name] for name in names) == key]
         metric = "loss" if key[0] == "camera" else "accuracy"
         values = [r[metric] if r["diverged_at"] is None else float("nan") for r in mine]
         print(*key, f"lr {chosen['lr']:g}", metric, statistics.mean(values), sep=" | ")
+
+
+def main() -> None:
+    streams = sys.argv[1].split(",") if len(sys.argv) > 1 else ["camera", "digits", "shuffled"]
+    at_own_steps(
+        one, [(s, d, c, r, lr, TUNING_SEED) for s in streams for d, c, r in CONFIGS for lr in own_grid("adam")], 3
+    )
 
 
 if __name__ == "__main__":
