@@ -49,9 +49,9 @@ from .configs import (
     COMPENSATIONS,
     CUTS,
     DEFAULT,
-    FIXED_CUTS,
     DEFAULT_GRAD_MODE,
     DIGITS_LR,
+    FIXED_CUTS,
     GRAD_MODES,
     OPTIMIZERS,
     STREAMS,
@@ -259,9 +259,7 @@ def cut(stream: str, depth: int, how: str = "fixed") -> tuple[int, ...]:
     if how not in CUTS:
         raise ValueError(f"unknown cut {how!r}; choose from {', '.join(CUTS)}")
     model_name = "camera" if stream == "camera" else "digits"
-    if how == "fixed":
-        if depth == 1:
-            return (len(camera_model() if stream == "camera" else digits_model()),)
+    if how == "fixed" and depth > 1:
         if (model_name, depth) not in FIXED_CUTS:
             held = ", ".join(str(d) for m, d in FIXED_CUTS if m == model_name)
             raise ValueError(
@@ -270,7 +268,7 @@ def cut(stream: str, depth: int, how: str = "fixed") -> tuple[int, ...]:
             )
         return FIXED_CUTS[model_name, depth]
     model = camera_model() if stream == "camera" else digits_model()
-    if how == "even":
+    if how != "planned":  # even, or fixed at D = 1: the whole model
         return tuple(even_balance(len(model), depth))
     xs, _ = samples_of(Config(stream, depth), 1)
     threads = torch.get_num_threads()
