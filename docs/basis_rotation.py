@@ -112,16 +112,19 @@ def rotating(depth: int, rotate: str) -> None:
     stage_learning._make_optimizer = make
 
 
-def one(job: tuple) -> dict:
-    stream, depth, compensation, rotate, lr, seed = job
-    rotating(depth, rotate)
-    config = Config(stream, depth, "graph-stash", compensation, seed, runs.cut(stream, depth), "adam", lr)
+def learnt(job: tuple, knob: str, optimizer: str) -> dict:
+    """Run ``job`` (``(stream, depth, compensation, knob's value, lr, seed)``) with ``optimizer`` at
+    fidelity's fixed cut; the job's values by name, and the run's scores."""
+    stream, depth, compensation, _, lr, seed = job
+    config = Config(stream, depth, "graph-stash", compensation, seed, runs.cut(stream, depth), optimizer, lr)
     row = runs.run(config, 3000)
-    return dict(zip(("stream", "depth", "compensation", "rotate", "lr", "seed"), job)) | {
-        "loss": row["loss"],
-        "accuracy": row["accuracy"],
-        "diverged_at": row["diverged_at"],
-    }
+    named = dict(zip(("stream", "depth", "compensation", knob, "lr", "seed"), job))
+    return named | {"loss": row["loss"], "accuracy": row["accuracy"], "diverged_at": row["diverged_at"]}
+
+
+def one(job: tuple) -> dict:
+    rotating(job[1], job[3])
+    return learnt(job, "rotate", "adam")
 
 
 DEFAULT = "step-scale+optimizer-prediction+long-momentum"

@@ -6,9 +6,9 @@ the clipped norms): ``CLIP`` times that mean ("flat"), or ``1 + c / τ`` times i
 the stalest stages clip hardest). The clipping is put around partime's own step
 (``partime.core.stage.step``) here, in each run's process; nothing else changes. Each run is one
 of ``partime fidelity``'s (``tools.fidelity.runs.run``, 3000 samples, its fixed cuts, the inline
-executor, so the figures do not depend on the machine), on seeds 1 and 2, at the step sizes ``jobs`` lists: for the
-defaults, those their own-step tuning chose (docs/fidelity-own-step.md), and the same for the
-clipped variants.
+executor, so the figures do not depend on the machine), on seeds 1 and 2, at the step sizes ``jobs``
+lists: for the defaults, those their own-step tuning chose (docs/fidelity-own-step.md), and the same
+for the clipped variants.
 
 Run: ``.venv/bin/python docs/clip_by_delay.py`` (about 5 minutes on two cores); the figures in
 docs/measured-and-not-kept.md came from it.

@@ -21,11 +21,10 @@ configuration's step size and mean score over seeds 1 and 2. The figures in
 docs/measured-and-not-kept.md came from it.
 """
 
-from basis_rotation import at_own_steps  # beside this script
+from basis_rotation import at_own_steps, learnt  # beside this script
 
 from partime.core import stage as stage_module
-from partime.tools.fidelity import runs
-from partime.tools.fidelity.configs import Config, automatic
+from partime.tools.fidelity.configs import automatic
 from partime.tools.fidelity.tuning import TUNING_SEED, own_grid
 
 ORIGINAL = stage_module.make_learning
@@ -48,15 +47,8 @@ def shortening(mu: float | None) -> None:
 
 
 def one(job: tuple) -> dict:
-    stream, depth, compensation, mu, lr, seed = job
-    shortening(mu)
-    config = Config(stream, depth, "graph-stash", compensation, seed, runs.cut(stream, depth), "momentum", lr)
-    row = runs.run(config, 3000)
-    return dict(zip(("stream", "depth", "compensation", "mu", "lr", "seed"), job)) | {
-        "loss": row["loss"],
-        "accuracy": row["accuracy"],
-        "diverged_at": row["diverged_at"],
-    }
+    shortening(job[3])
+    return learnt(job, "mu", "momentum")
 
 
 CONFIGS = (  # (depth, compensation, the delayed stages' momentum: None as configured)
