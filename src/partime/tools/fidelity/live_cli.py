@@ -23,6 +23,7 @@ from . import runs as fid
 from . import live_report as report
 from . import live_runs as runs
 from .live_clock import check_real, measure
+from .models import model_of
 from ..report import progress_bar, wide_console
 
 
@@ -81,7 +82,7 @@ def live_view(
 ) -> None:
     """Run the live view and write ``live.json``, ``live.md`` and ``live.png`` in ``out_dir``."""
     multiples = parse_rates(rates)
-    models = list(dict.fromkeys(runs.model_of(s) for s in stream_names))
+    models = list(dict.fromkeys(model_of(s) for s in stream_names))
     time_rows = None if times is None else parse_times(times, models, optimizers)
     held_out = min(runs.HELD_OUT, frames)
     console = wide_console()
@@ -113,7 +114,7 @@ def live_view(
     check = None
     if real:
         stream, optimizer, multiple = stream_names[0], optimizers[0], multiples[0]
-        measured = table[runs.model_of(stream), optimizer]
+        measured = table[model_of(stream), optimizer]
         lrs = {c: steps[stream, optimizer, multiple, c] for c in runs.CONTENDERS}
         console.print(f"playing {frames} samples of {stream} on the real clock to both contenders ({optimizer})")
         check = check_real(stream, optimizer, lrs, measured, multiple / measured.plain, frames, seed=cfgs[0].seed)

@@ -29,8 +29,8 @@ from ...planning.planner import torch_threads
 from ...sources import at_rate
 from .runs import LR_GRID, optimizer_factory
 from .live import drop_schedule
-from .live_runs import DEPTH, Times, loss_of, model_of, stream_items
-from .models import camera_model, digits_model, next_frame_error
+from .live_runs import DEPTH, Times, loss_of, stream_items
+from .models import camera_model, digits_model, model_of, next_frame_error
 
 MEASURED, WARMUP = 300, 50
 """Samples timed, after the warm-up ones."""

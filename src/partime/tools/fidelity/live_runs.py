@@ -34,7 +34,7 @@ from ...metrics import OnlineMetrics
 from ... import Pipeline
 from .runs import BATCH, LR_GRID, TUNING_SEED, Config, automatic, optimizer_factory, samples_of
 from .live import drop_schedule
-from .models import camera_model, digits_model, next_frame_error
+from .models import camera_model, digits_model, model_of, next_frame_error
 from .pool import worker_pool
 
 CONTENDERS = ("plain", "pipeline")
@@ -83,11 +83,6 @@ class LiveConfig:
     @property
     def label(self) -> str:
         return "plain loop" if self.contender == "plain" else pipeline_label(self.optimizer)
-
-
-def model_of(stream: str) -> str:
-    """The model a stream is learnt with: ``"camera"``, or ``"digits"`` (also for the shuffled control)."""
-    return "camera" if stream == "camera" else "digits"
 
 
 def pipeline_label(optimizer: str) -> str:

@@ -1,7 +1,8 @@
 """The models and the camera's loss that fidelity's streams learn, and an even cut of them.
 
 ``digits_model`` and ``camera_model`` promise a fresh, randomly initialised ``nn.Sequential``
-on each call; ``even_balance`` the most even layers per stage.
+on each call; ``model_of`` names which of them a stream learns with; ``even_balance`` the most
+even layers per stage.
 """
 
 from __future__ import annotations
@@ -55,6 +56,11 @@ def camera_model() -> nn.Sequential:
         nn.Sigmoid(),
     ]
     return nn.Sequential(*(Carry(layer) for layer in layers))
+
+
+def model_of(stream: str) -> str:
+    """The model a stream is learnt with: ``"camera"``, or ``"digits"`` (also for the shuffled control)."""
+    return "camera" if stream == "camera" else "digits"
 
 
 def even_balance(layers: int, depth: int) -> list[int]:

@@ -62,7 +62,7 @@ from .configs import (
     compensations,
     picked,
 )
-from .models import Carry, camera_model, digits_model, even_balance, next_frame_error
+from .models import Carry, camera_model, digits_model, even_balance, model_of, next_frame_error
 from .pool import worker_pool
 from .report import (
     COMPENSATION_LINES,
@@ -258,7 +258,7 @@ def cut(stream: str, depth: int, how: str = "fixed") -> tuple[int, ...]:
     the stream); or ``"even"``, the same number of layers in each stage (the larger stages first)."""
     if how not in CUTS:
         raise ValueError(f"unknown cut {how!r}; choose from {', '.join(CUTS)}")
-    model_name = "camera" if stream == "camera" else "digits"
+    model_name = model_of(stream)
     if how == "fixed" and depth > 1:
         if (model_name, depth) not in FIXED_CUTS:
             held = ", ".join(str(d) for m, d in FIXED_CUTS if m == model_name)
@@ -292,7 +292,7 @@ def configs(
     ``step_sizes`` (default: plain SGD at ``DIGITS_LR``); every run of one model at one depth cut
     the same way (``cut``): the shuffled control as moving digits."""
     step_sizes = step_sizes or {(stream, "sgd"): DIGITS_LR for stream in stream_names}
-    models = {stream: "camera" if stream == "camera" else "digits" for stream in stream_names}
+    models = {stream: model_of(stream) for stream in stream_names}
     cuts = {(model, depth): cut(model, depth, how) for model in dict.fromkeys(models.values()) for depth in depths}
     out = []
     for (stream, opt), lr in step_sizes.items():
