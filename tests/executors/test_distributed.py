@@ -6,7 +6,9 @@ saves what it saw, and the test compares it with the inline executor run here. E
 always reaped.
 """
 
+import itertools
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -61,6 +63,7 @@ OPTIMIZER_AWARE = dict(
 )
 SAMPLES = 40
 FAIL_AT = 13
+RUNNING_AT = 100  # the sample after which the endless scenario says it runs
 STOP = 17  # a checkpoint is taken after this many steps, in the middle of the segment
 CHECKPOINTED = [None, *LEARNING]  # inference, and learning in each grad mode
 
@@ -247,6 +250,11 @@ def rank_main(scenario, out):
             seen[f"{name} from thread"] = resumed("distributed", depth, grad_mode, Path(out, f"{name} thread.pt"))
         if rank == 0:
             torch.save(seen, Path(out, "seen.pt"))
+    elif scenario == "endless":  # learns until the test stops it (it kills a rank)
+        with partime.Pipeline(mlp(), BALANCES[depth], executor="distributed", threads=1, **learning("stash")) as pipe:
+            for result in pipe.stream(itertools.cycle(xs), itertools.cycle(ys)):
+                if result.index == RUNNING_AT:
+                    print("running", flush=True)
     elif scenario == "mismatch":  # rank 1 was given another model
         run("distributed", mlp(width=9 if rank == 1 else 8), BALANCES[depth], xs)
     else:  # a stage fails: at the start of stage 1 (raise), or of stage 2 (vanish)
@@ -267,8 +275,8 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def launch(out, depth, scenario, timeout=90.0):
-    """Run ``scenario`` on ``depth`` ranks; each rank's exit code, exit time and log."""
+def start_ranks(out, depth, scenario):
+    """Start ``scenario`` on ``depth`` ranks: their processes, and the paths of their logs."""
     port = _free_port()
     procs, logs = [], []
     for rank in range(depth):
@@ -291,6 +299,12 @@ def launch(out, depth, scenario, timeout=90.0):
                     [sys.executable, __file__, scenario, str(out)], env=env, stdout=log, stderr=subprocess.STDOUT
                 )
             )
+    return procs, logs
+
+
+def launch(out, depth, scenario, timeout=90.0):
+    """Run ``scenario`` on ``depth`` ranks; each rank's exit code, exit time and log."""
+    procs, logs = start_ranks(out, depth, scenario)
     ended = [None] * depth
     deadline = time.monotonic() + timeout
     try:
@@ -469,6 +483,37 @@ def test_a_failing_rank_stops_every_rank_within_seconds_with_an_error_naming_it(
     else:  # rank 2 vanished: its neighbours saw their links to it break
         for log in logs[:2]:
             assert "partime.errors.WorkerDiedError: stage 2, running: rank 2 is gone: rank " in log, log
+
+
+def test_a_rank_killed_while_rank_0_is_stopped_fails_rank_0_naming_it_once_rank_0_runs_again(tmp_path):
+    """Rank 0 does not see rank 1 go: it is stopped (SIGSTOP) while rank 1 is killed, as a rank on
+    a loaded host may not run for a while. Once it runs again it meets the broken links wherever it
+    is (a send of the caller, a link's ping, a wait), and whichever it meets first, it fails with
+    the error that names stage 1, within seconds: it neither hands out a link's own ``Aborted`` nor
+    waits for a link stuck on the peer that is gone."""
+    procs, logs = start_ranks(tmp_path, 2, "endless")
+    try:
+        deadline = time.monotonic() + 60
+        while "running" not in logs[0].read_text():
+            assert time.monotonic() < deadline and all(p.poll() is None for p in procs), logs[0].read_text()
+            time.sleep(0.05)
+        procs[0].send_signal(signal.SIGSTOP)
+        procs[1].send_signal(signal.SIGKILL)
+        time.sleep(1.5)  # long enough for rank 0's links to find the peer gone once they run
+        procs[0].send_signal(signal.SIGCONT)
+        resumed = time.monotonic()
+        while procs[0].poll() is None and time.monotonic() - resumed < 10:
+            time.sleep(0.01)
+        exited = time.monotonic() - resumed
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+    log = logs[0].read_text()
+    assert exited < 10 and procs[0].returncode != 0, (exited, log)
+    assert "partime.errors.WorkerDiedError: stage 1, running: rank 1 is gone: rank 0 on " in log, log
+    assert "Aborted" not in log, log
 
 
 def test_ranks_given_different_models_stop_at_the_first_sample_naming_the_stage(tmp_path):

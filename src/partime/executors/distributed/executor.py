@@ -66,7 +66,7 @@ from ..process.shared_memory import Aborted, wait
 from ..worker_loop import Links, Sent, Where, run_stage
 from .link import Permits
 from .plan import Plan, config_key, local_channel, state_specs, wires
-from .ranks import CLOSE_S, Run, join_group
+from .ranks import CLOSE_S, FAILED_CLOSE_S, Run, join_group
 from .serving import serve as serve_rank
 
 log = logging.getLogger(__name__)
@@ -243,7 +243,8 @@ class DistributedExecutor(Driver):
                 run.links[f"control 0->{r}"].hang_up()  # rank r leaves at its next wait
         thread = getattr(self, "_thread", None)
         if thread is not None:
-            thread.join(CLOSE_S)
+            run.health.poll()  # after a failure a link may be stuck on a peer that is gone
+            thread.join(CLOSE_S if run.health.failure is None else FAILED_CLOSE_S)
             torch.set_num_threads(self._threads_before)
         run.close()
 

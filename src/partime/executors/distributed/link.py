@@ -154,9 +154,11 @@ class RankLink:
         """Send one message; it is on the wire when ``put`` returns, and the caller keeps the tensors.
 
         A ValueError names the link and both layouts unless the tensors are the ones ``payload``
-        gives for ``kind``. ``Aborted`` once the link is hung up or broken (a broken link is
-        reported to the run's ``Health`` first, as the loss of the peer). ``check`` is there for
-        ``shared_memory.Channel``'s signature: a send never waits for room.
+        gives for ``kind``. Once the link is hung up or broken (a broken link is reported to the
+        run's ``Health`` first, as the loss of the peer), ``check`` is asked, and what it raises
+        propagates: rank 0's caller, whose check raises the run's failure, gets the error that names
+        the stage, as it does while it waits. Otherwise ``Aborted``. A send never waits for room;
+        while another send holds the wire, ``check`` is asked every ``POLL_S``.
         """
         specs = self.payload.get(KIND_DATA if self._packed and kind == KIND_SKIP else kind, ())
         got = tuple(TensorSpec(tuple(t.shape), t.dtype) for t in tensors)
@@ -165,14 +167,23 @@ class RankLink:
                 f"link {self.name!r}: got tensors {[str(s) for s in got]} for a message of kind "
                 f"{kind}, but it carries {[str(s) for s in specs]}"
             )
-        with self._lock:
-            if self._hung_up:
-                raise Aborted
-            try:
-                self._send(kind, index, scalar, tensors)
-            except Exception as exc:  # the peer is gone, or the wire
-                self.health.lost(self.name, self.peer, exc)
-                raise Aborted from exc
+        broken: Exception | None = None
+        while not self._lock.acquire(timeout=POLL_S):  # a ping to a peer that is gone may hold it long
+            if check is not None:
+                check()
+        try:
+            if not self._hung_up:
+                try:
+                    self._send(kind, index, scalar, tensors)
+                    return
+                except Exception as exc:  # noqa: BLE001 - the peer is gone, or the wire: raised below
+                    self.health.lost(self.name, self.peer, exc)
+                    broken = exc
+        finally:
+            self._lock.release()
+        if check is not None:
+            check()
+        raise Aborted from broken
 
     def get(self, *, check: Callable[[], None] | None = None) -> Message:
         """The oldest message the receiving thread has read, waiting for one; its tensors are the
