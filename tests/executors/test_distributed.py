@@ -302,6 +302,14 @@ def start_ranks(out, depth, scenario):
     return procs, logs
 
 
+def reap(procs):
+    """Kill the ranks that still run, and wait for every one."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+
+
 def launch(out, depth, scenario, timeout=90.0):
     """Run ``scenario`` on ``depth`` ranks; each rank's exit code, exit time and log."""
     procs, logs = start_ranks(out, depth, scenario)
@@ -314,10 +322,7 @@ def launch(out, depth, scenario, timeout=90.0):
                     ended[rank] = time.time()
             time.sleep(0.05)
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait()
+        reap(procs)
     return [p.returncode for p in procs], ended, [log.read_text() for log in logs]
 
 
@@ -506,10 +511,7 @@ def test_a_rank_killed_while_rank_0_is_stopped_fails_rank_0_naming_it_once_rank_
             time.sleep(0.01)
         exited = time.monotonic() - resumed
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait()
+        reap(procs)
     log = logs[0].read_text()
     assert exited < 10 and procs[0].returncode != 0, (exited, log)
     assert "partime.errors.WorkerDiedError: stage 1, running: rank 1 is gone: rank 0 on " in log, log

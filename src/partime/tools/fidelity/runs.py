@@ -267,7 +267,7 @@ def cut(stream: str, depth: int, how: str = "fixed") -> tuple[int, ...]:
                 "pass cut 'planned' (--cut planned) or 'even'"
             )
         return FIXED_CUTS[model_name, depth]
-    model = camera_model() if stream == "camera" else digits_model()
+    model = camera_model() if model_name == "camera" else digits_model()
     if how != "planned":  # even, or fixed at D = 1: the whole model
         return tuple(even_balance(len(model), depth))
     xs, _ = samples_of(Config(stream, depth), 1)
