@@ -4,6 +4,7 @@ executor, and the samples a graph traced on a sample refuses."""
 
 import copy
 import functools
+import itertools
 
 import hf_models as hf
 import pytest
@@ -11,6 +12,7 @@ import torch
 from torch import nn
 
 import partime
+from partime.planning import auto_check, planner
 from partime.traced.tracing import layers_of
 
 
@@ -223,3 +225,30 @@ def test_a_checkpoint_of_a_transformers_model_resumes_on_another_executor(tmp_pa
         torch.equal(a, b) for r, (_, out, _) in zip(got, whole, strict=True) for a, b in zip(r.output.values(), out)
     )
     assert all(torch.equal(state[k], whole_state[k]) for k in state)
+
+
+@pytest.mark.parametrize("executor", ["thread", "process"])
+def test_auto_learning_a_transformers_model_keeps_its_cut_and_learns_as_inline(monkeypatch, executor):
+    # a profile that makes "auto" choose two stages, and a measure that keeps them: the trial pipeline
+    # of the cut runs for a few results, learning from a zero loss of the model's own output (a ModelOutput)
+    n = layer_count("gpt2")
+    monkeypatch.setattr(planner, "profile_layers", lambda *args, **kwargs: (1.0,) * n)
+    monkeypatch.setattr(planner, "usable_cores", lambda: 2)
+    taken = []
+
+    def in_turns(*runs):
+        (results, _), (calls, _) = runs
+        taken.extend(itertools.islice(results, 3))
+        next(calls)  # the plain model, learning as a user runs it
+        return 1.0, 1e9
+
+    monkeypatch.setattr(auto_check, "in_turns", in_turns)
+    xs, ys = hf.samples("gpt2", 4)
+    kw = dict(loss_fn=hf.hidden_loss, optimizer=hf.adam, threads=1, sample=xs[0])
+    with partime.Pipeline(hf.make("gpt2"), "auto", executor=executor, **kw) as pipe:
+        balance = list(pipe.partition.balance)
+        results = [(r.index, tuple(r.output.values()), r.loss) for r in pipe.stream(xs, ys)]
+    assert len(balance) == 2 and [r.index for r in taken] == [0, 1, 2] and all(r.loss == 0.0 for r in taken)
+    expected, _ = learn("gpt2", balance, "inline", n=4)
+    for (i, out_a, loss_a), (_, out_b, loss_b) in zip(expected, results, strict=True):
+        assert loss_a == loss_b and all(torch.equal(a, b) for a, b in zip(out_a, out_b, strict=True)), i

@@ -20,10 +20,11 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 import torch
 from torch import nn
+from torch.utils._pytree import tree_leaves
 
 from ..checkpoint import files as checkpoint
 from ..checkpoint.files import CheckpointError, layout_from_plain
-from ..core.boundary_values import ValueSpec, as_tensors, copy_tensors, nonfinite
+from ..core.boundary_values import ValueSpec, copy_tensors, nonfinite
 from ..core.stage import DEFAULT_GRAD_MODE, LossFn, OptimizerFactory, StageConfig, takes_target
 from ..errors import PipelineClosedError, StageError
 from ..executors import EXECUTORS, Executor
@@ -713,8 +714,11 @@ def _running(
 
 
 def _zero_loss(output: Any) -> torch.Tensor:
-    """Zero times the sum of ``output``'s floating-point tensors: a loss whose gradient is zero."""
-    floats = [t.sum() for t in as_tensors(output, "the last stage's output") if t.is_floating_point()]
+    """Zero times the sum of ``output``'s floating-point tensors: a loss whose gradient is zero.
+
+    ``output`` is what the trial's loss is given: the last stage's tensors, or, for a model traced
+    on a sample, the model's own output made of them (a ``ModelOutput``, a dict: ``StructuredLoss``)."""
+    floats = [t.sum() for t in tree_leaves(output) if isinstance(t, torch.Tensor) and t.is_floating_point()]
     return torch.stack(floats).sum() * 0.0
 
 
