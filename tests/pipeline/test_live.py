@@ -391,3 +391,44 @@ def test_newest_reads_a_live_source_as_drop_does_for_a_plain_loop():
     # the source begins once the loop has done its work on item 0: item 1 arrives at 0.25 + 0.125
     assert seen == [(0, 0.0, 0), (1, 0.375, 0), (3, 0.625, 1), (5, 0.875, 1), (7, 1.125, 1)]
     assert MONOTONIC.now() == pytest.approx(time.monotonic(), abs=1.0)
+
+
+def failing_after(n: int):
+    """``numbered(n)``, then the error of a camera unplugged."""
+    yield from numbered(n)
+    raise OSError("camera unplugged")
+
+
+@pytest.mark.parametrize(
+    ("executor", "when_behind", "paced"),
+    [
+        ("inline", "drop", True),
+        ("process", "drop", True),
+        ("inline", "drop", False),
+        ("thread", "drop", False),
+        ("inline", "wait", True),
+        ("inline", "wait", False),
+    ],
+)
+def test_a_source_that_fails_gets_a_result_for_every_sample_it_gave_then_raises(executor, when_behind, paced):
+    """A source that raises mid-stream: every sample it yielded before has its result, in order
+    (with an output, or dropped), and then its error is raised; the indices are the samples'."""
+    clock, model = FakeClock(), small_model()
+    source = at_rate(failing_after(8), 8, clock=clock) if paced else failing_after(8)
+    results = []
+    with Pipeline(model, [2, 1], executor=executor) as pipe:
+        with pytest.raises(OSError, match="camera unplugged"):
+            for r in pipe.stream(source, when_behind=when_behind):
+                results.append(r)
+                if not r.dropped:
+                    clock.advance(0.5)  # the caller's work: a paced take finds several items
+        assert pipe.flush() == []  # nothing of the source's was left inside
+        assert pipe.fed == 8
+    assert [r.index for r in results] == list(range(8))
+    assert not results[-1].dropped  # the last sample the source gave went in
+    if when_behind == "wait":
+        assert not any(r.dropped for r in results)
+    with torch.no_grad():
+        for r in results:
+            assert (r.output is None) if r.dropped else torch.equal(r.output, model(numbered(8)[r.index]))
+    assert not source_threads()

@@ -16,6 +16,9 @@ and ``begin()``, once the taker has taken the first item and is ready for the re
 Under ``"drop"`` a take keeps exactly one item, the newest, and gives the arrival times of those
 it replaced (``dropped``): their items are let go as soon as a newer one arrives, so the memory a
 reader holds is one item whatever the source's pace.
+
+What the source raises is raised by a take once every item the source yielded before it has been
+taken (kept or dropped): no item it gave is lost to its error.
 """
 
 from __future__ import annotations
@@ -73,7 +76,8 @@ class Pulled:
 
 class Scheduled:
     """A ``Paced`` source, item ``k`` arriving at ``source.arrival(k, start)``. With ``drop``, a take
-    keeps the newest item arrived (see the module docstring).
+    keeps the newest item arrived (see the module docstring). What the source raises is raised by
+    the take that reads it, or, if that take had found items before it, by the next one.
 
     ``start`` is the first take's time, until ``begin`` moves it to the time the taker has taken
     the first item: a simulated source waits for a pipeline to start (its workers, the timing of
@@ -88,8 +92,12 @@ class Scheduled:
         self._items = iter(source.items)
         self._next = 0  # the index of the next item to read
         self._start: float | None = None
+        self._error: Exception | None = None  # what the source raised after the items a take kept
 
     def take(self) -> Arrived:
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
         if self._start is None:
             self._start = self.clock.now()
         arrival = self._source.arrival
@@ -99,7 +107,14 @@ class Scheduled:
             at = arrival(self._next, self._start)
             if found.kept and (not self._drop or at > self.clock.now()):
                 return found
-            item = next(self._items, _END)
+            try:
+                item = next(self._items, _END)
+            except Exception as exc:
+                if not found:
+                    raise
+                # the items read before it arrived, and the taker owes each a result: they come first
+                self._error = exc
+                return found
             if item is _END:
                 return found
             self._next += 1

@@ -422,6 +422,9 @@ class Pipeline:
         plus the last stage's tick. Each ``Result`` says when its sample arrived and was handed
         out, on the source's clock. A ``Paced`` source begins once the pipeline has taken its first
         sample (and started: its workers, the timing of its layers); a real one does not wait.
+
+        A source that raises ends the stream: every sample it gave before has its result first (the
+        pipeline is flushed), in order, and then its error is raised.
         """
         self._caller.check_free("stream()")
         reader = arrivals.inbox(xs, when_behind)  # refuses a policy it does not know, at once
@@ -446,10 +449,15 @@ class Pipeline:
         pairs = ys is None and self._state.supervised is True
         state = self._state
         begun = False
+        failed: Exception | None = None  # what the source raised: after the results of what it gave
         try:
             while True:
                 self._check_grad_mode("stream()")  # before an item is taken: a refusal uses up none
-                found = reader.take()
+                try:
+                    found = reader.take()
+                except Exception as exc:  # noqa: BLE001 - the source's own (a take runs no stage): raised after the flush
+                    failed = exc
+                    break
                 if not found:
                     break
                 for at in found.dropped:
@@ -472,6 +480,9 @@ class Pipeline:
                         yield self._take()
         finally:
             reader.close()
+        if failed is not None:  # every sample the source gave has its result, then its error
+            yield from self._flush("stream()")
+            raise failed
         if targets is not None and next(targets, _MISSING) is not _MISSING:
             raise ValueError(f"ys is longer than xs: xs ended after {state.next_index} samples")
         yield from self._flush("stream()")
