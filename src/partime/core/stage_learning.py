@@ -3,8 +3,9 @@
 ``make_learning`` builds, for stage ``index`` of a pipeline, the optimizer of its trainable
 parameters and the compensation objects that ``config.compensation`` chooses for its delay.
 It checks the optimizer: a TypeError if the factory returns anything but a
-``torch.optim.Optimizer``, a ValueError if it holds none of the stage's trainable parameters;
-a warning (on the ``partime.core.stage`` logger) names those it leaves out.
+``torch.optim.Optimizer`` or one whose ``step`` needs a closure (LBFGS), a ValueError if it holds
+none of the stage's trainable parameters, an error of the factory's kind naming the stage and its
+parameters with their shapes if the factory fails on them; a warning (on the ``partime.core.stage`` logger) names those it leaves out.
 ``step`` takes one compensated step; ``compensation_state`` and ``load_compensation_state``
 copy the state of the compensation that a stage checkpoint keeps besides the optimizer's.
 """
@@ -26,7 +27,15 @@ from ..learning.compensation import (
     delay,
     scale_step_size,
 )
-from ..learning.optimizer_state import OptimizerPrediction, SpikeCompensation, check_holds, lengthen_momentum
+from ..learning.optimizer_state import (
+    OptimizerPrediction,
+    SpikeCompensation,
+    call_factory,
+    check_holds,
+    check_steps_alone,
+    lengthen_momentum,
+    shapes_listed,
+)
 from .boundary_values import copy_tensors
 from .stage_config import OptimizerFactory, StageConfig
 
@@ -85,11 +94,19 @@ def _make_optimizer(
     index: int, factory: OptimizerFactory, names: list[str], params: list[nn.Parameter]
 ) -> torch.optim.Optimizer:
     """``factory``'s optimizer of stage ``index``'s trainable parameters, checked (see the module)."""
-    optimizer = factory(params)
+    named = list(zip(names, params))
+    optimizer = call_factory(
+        factory,
+        params,
+        f"stage {index}: the optimizer factory, called on its {len(params)} trainable parameters "
+        f"({shapes_listed(named)}),",
+        f"stage {index} cannot learn",
+    )
     source = (
         f"stage {index}: the optimizer factory, called on its {len(params)} trainable parameters ({_listed(names)}),"
     )
     left_out = check_holds(optimizer, params, source, f"stage {index} would never learn")
+    check_steps_alone(optimizer, source)
     if left_out:
         log.warning(
             "stage %d: the optimizer leaves out %d of its %d trainable parameters, which will not learn: %s",

@@ -46,6 +46,7 @@ Measurements: docs/measured-and-not-kept.md.
 
 from __future__ import annotations
 
+import inspect
 import math
 import reprlib
 from collections.abc import Callable, Sequence
@@ -63,14 +64,24 @@ EXAMPLE = "lambda params: torch.optim.SGD(params, lr=0.01)"
 """A factory to show in an error message."""
 
 
-def check_optimizer_factory(factory: Callable[[Any], torch.optim.Optimizer] | None, names: Sequence[str]) -> None:
-    """That ``factory`` (None: no learning) makes, of a probe list of parameters, an optimizer that
-    holds some of them, and that every option of ``names`` that reads the optimizer's state knows it.
+def check_optimizer_factory(
+    factory: Callable[[Any], torch.optim.Optimizer] | None,
+    names: Sequence[str],
+    named: Sequence[tuple[str, Tensor]],
+) -> None:
+    """That ``factory`` (None: no learning) makes, of copies of the model's trainable parameters
+    ``named`` (as ``model.parameters()`` gives them, in order), an optimizer that holds some of
+    them and can step without a closure, and that every option of ``names`` that reads the
+    optimizer's state knows it.
 
-    A TypeError if ``factory`` is not callable (a string, an optimizer instance), or returns
-    anything but a ``torch.optim.Optimizer``; a ValueError if its optimizer holds none of the probe
-    parameters; an error of the kind ``factory`` raised (a RuntimeError for kinds other than
-    TypeError and ValueError) chained to it if the call fails; then ``check_optimizer``'s errors.
+    The factory is called on detached copies, never on made-up parameters: a factory that a plain
+    loop accepts (``factory(model.parameters())``) is accepted, one that a plain loop would refuse
+    is refused here. With no trainable parameter it is not called. A TypeError if ``factory`` is
+    not callable (a string, an optimizer instance), returns anything but a
+    ``torch.optim.Optimizer``, or makes one whose ``step`` needs arguments (``check_steps_alone``);
+    a ValueError if its optimizer holds none of the parameters; an error of the kind ``factory``
+    raised (a RuntimeError for kinds other than TypeError and ValueError) chained to it if the
+    call fails; then ``check_optimizer``'s errors.
     """
     if factory is None:
         return
@@ -82,22 +93,67 @@ def check_optimizer_factory(factory: Callable[[Any], torch.optim.Optimizer] | No
         )
     if isinstance(factory, str) or not callable(factory):
         raise TypeError(f"{wanted}; got {described(factory)}")
-    # A weight and a bias, as a Linear layer has: what a factory that picks parameters by their
-    # shape (e.g. no weight decay on biases) finds in most stages.
-    probe = [torch.nn.Parameter(torch.zeros(1, 1)), torch.nn.Parameter(torch.zeros(1))]
-    source = "the optimizer factory, called on a probe list of 2 parameters (shapes (1, 1) and (1,)),"
-    try:
-        optimizer = factory(probe)
-    except Exception as exc:
-        kind = type(exc) if type(exc) in (TypeError, ValueError) else RuntimeError
-        raise kind(
-            f"{source} failed: {type(exc).__name__}: {exc}; it must accept any list of trainable "
-            "parameters, as each stage calls it with its own"
-        ) from exc
-    check_holds(optimizer, probe, source, "no stage would learn")
+    if not named:
+        return
+    # Copies, so that nothing the factory does (an initialisation, a hook) reaches the model.
+    copies = [torch.nn.Parameter(p.detach().clone()) for _, p in named]
+    source = (
+        f"the optimizer factory, called on copies of the model's {len(copies)} trainable parameters "
+        f"({shapes_listed(named)}),"
+    )
+    optimizer = call_factory(factory, copies, source, "a plain loop's factory(model.parameters()) fails alike")
+    check_holds(optimizer, copies, source, "no stage would learn")
+    check_steps_alone(optimizer, source)
     for name in names:
         if name in OPTIONS:
             check_optimizer(optimizer, name)
+
+
+def call_factory(factory: Callable[[Any], Any], params: list[Any], source: str, note: str) -> Any:
+    """``factory(params)``; if it raises, an error of its kind (TypeError, ValueError, else
+    RuntimeError) chained to it, that says ``source`` failed, ``note`` and what a user can do."""
+    try:
+        return factory(params)
+    except Exception as exc:
+        kind = type(exc) if type(exc) in (TypeError, ValueError) else RuntimeError
+        raise kind(
+            f"{source} failed: {type(exc).__name__}: {exc}; {note}. Each stage calls the factory with "
+            "its own trainable parameters: make it accept them all, or give those it cannot take to "
+            "no optimizer (leave them out of the one it returns: they then do not learn, with a "
+            "warning; or set requires_grad=False), or return an optimizer that steps them with "
+            "another rule (e.g. an Optimizer subclass that steps 2-D weights with Muon and the rest "
+            "with AdamW)"
+        ) from exc
+
+
+def check_steps_alone(optimizer: torch.optim.Optimizer, source: str) -> None:
+    """A TypeError if ``optimizer.step()`` cannot be called without arguments (LBFGS's ``step``
+    requires a closure, which evaluates the loss again, several times per step): a stage steps on
+    the gradient of one sample, once, and has no closure to give."""
+    try:
+        signature = inspect.signature(optimizer.step)
+    except (TypeError, ValueError):  # a step whose signature Python cannot read: it is taken as it is
+        return
+    try:
+        signature.bind()
+    except TypeError:
+        required = [
+            n
+            for n, p in signature.parameters.items()
+            if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+        ]
+        raise TypeError(
+            f"{source} made {type(optimizer).__name__}, whose step() requires {', '.join(required)} (a closure "
+            "that evaluates the loss again, several times per step, as LBFGS does): a pipeline learns from "
+            "one gradient per sample per tick and has no closure to give; use an optimizer that steps on "
+            "the gradient alone, e.g. torch.optim.SGD or torch.optim.Adam"
+        ) from None
+
+
+def shapes_listed(named: Sequence[tuple[str, Tensor]], most: int = 6) -> str:
+    """Parameters in a message: each name with its shape, the first ``most`` of them."""
+    shown = ", ".join(f"{n} {tuple(p.shape)}" for n, p in named[:most])
+    return shown if len(named) <= most else f"{shown} and {len(named) - most} more"
 
 
 def check_holds(optimizer: Any, params: Sequence[Tensor], source: str, consequence: str) -> list[int]:
@@ -284,3 +340,12 @@ class SpikeCompensation:
         denom = (second.sqrt() / math.sqrt(1 - beta2**t)).add_(group["eps"])
         # taken: m; wanted: β1^τ · m + (1 − β1^τ) · g, both over the same bias correction and denominator
         p.addcdiv_(g - state["exp_avg"], denom, value=-lr * (1 - beta1**tau) / (1 - beta1**t))
+
+
+def trainable(model: torch.nn.Module, loss_fn: Any = None) -> list[tuple[str, Tensor]]:
+    """The trainable parameters that a pipeline's stages hand their optimizers, by name: the
+    model's, in order, then a loss module's (``loss_fn.<name>``), which learn at the last stage."""
+    named: list[tuple[str, Tensor]] = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    if isinstance(loss_fn, torch.nn.Module):
+        named += [(f"loss_fn.{n}", p) for n, p in loss_fn.named_parameters() if p.requires_grad]
+    return named
