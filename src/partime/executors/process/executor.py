@@ -66,6 +66,7 @@ from ..in_flight import executor_state, stage_resume
 from ..spawning import ByValue, main_not_rerun
 from .semaphore import SharedSemaphore
 from .shared_memory import POLL_S, Channel, Flag
+from .shm_room import Need, SharedMemoryError, channel_bytes, check_room, sharing, tensors_bytes, weights
 from .worker import FAILED, READY, WorkerArgs, work
 
 log = logging.getLogger(__name__)
@@ -100,20 +101,30 @@ class ProcessExecutor(Driver):
         self._states: dict[int, bytes | None] = dict.fromkeys(workers)
         self.begin()
         transit = state["transit"] if state is not None else None
-        acts: list[Any] = [Channel(_SHARED, layout.input.tensors, CAPACITY, name="input")] if workers else []
-        acts += [
-            Channel(_SHARED, spec.tensors, CAPACITY, name=f"activation {i}->{i + 1}")
-            for i, spec in enumerate(layout.activations)
-        ]
-        grads = (
-            [
-                Channel(_SHARED, spec.tensors, CAPACITY, name=f"gradient {i + 1}->{i}")
-                for i, spec in enumerate(layout.activations)
-            ]
-            if learning
-            else []
-        )
-        self._channels = [*acts, *grads]
+        needs = self._shared_needs(layout)
+        self._channels = []
+        try:
+            check_room(needs)  # before anything is allocated there: a clear error, and nothing left behind
+            with sharing(needs):
+                acts: list[Any] = [Channel(_SHARED, layout.input.tensors, CAPACITY, name="input")] if workers else []
+                acts += [
+                    Channel(_SHARED, spec.tensors, CAPACITY, name=f"activation {i}->{i + 1}")
+                    for i, spec in enumerate(layout.activations)
+                ]
+                grads = (
+                    [
+                        Channel(_SHARED, spec.tensors, CAPACITY, name=f"gradient {i + 1}->{i}")
+                        for i, spec in enumerate(layout.activations)
+                    ]
+                    if learning
+                    else []
+                )
+                self._channels = [*acts, *grads]
+                for i in workers:
+                    self.stages[i].share_memory()  # the caller reads the trained weights in place
+        except SharedMemoryError:
+            self._unlink()  # the semaphores made so far: nothing of this start stays in /dev/shm
+            raise
         hosted_input, _, _ = self.host(acts, grads, state)  # sets _targets, _results and _hosted
         self._inputs = acts[0] if workers else hosted_input
         self._feeder = Feeder(self._inputs, self._targets, depth)
@@ -121,7 +132,6 @@ class ProcessExecutor(Driver):
         self._procs: dict[int, Any] = {}
         for i in workers:
             module = self.stages[i]
-            module.share_memory()  # the caller reads the trained weights in place
             links = self.stage_links(i, acts, grads)
             resume = None if state is None else to_bytes(stage_resume(state, i))
             worker = WorkerArgs(
@@ -202,6 +212,17 @@ class ProcessExecutor(Driver):
         del self._inputs, self._results, self._feeder
         self._channels, self._targets = [], None
         self._permits, self._ticks, self._asks, self._reports = [], [], {}, {}
+
+    def _shared_needs(self, layout: Layout) -> list[Need]:
+        """What ``start`` puts in shared memory, and how much of it: each channel's slots and the
+        weights of each stage in a worker."""
+        needs: list[Need] = [("input", channel_bytes(layout.input.tensors, CAPACITY))] if self.depth > 1 else []
+        for i, spec in enumerate(layout.activations):
+            needs.append((f"activation {i}->{i + 1}", channel_bytes(spec.tensors, CAPACITY)))
+            if self.config.learning:
+                needs.append((f"gradient {i + 1}->{i}", channel_bytes(spec.tensors, CAPACITY)))
+        needs += [(f"stage {i}'s weights", tensors_bytes(weights(self.stages[i]))) for i in range(self.depth - 1)]
+        return needs
 
     def _unlink(self) -> None:
         """Remove the names of every semaphore (``semaphore.SharedSemaphore``)."""
