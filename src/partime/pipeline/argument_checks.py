@@ -68,6 +68,7 @@ def check_arguments(
     sample: Any = None,
     compensation: str | Sequence[str] = "auto",
     running: Callable[[Partition], AbstractContextManager[Iterator[Any]]] | None = None,
+    plain: nn.Module | None = None,
 ) -> Arguments:
     """``Pipeline``'s arguments, checked in the order they are documented: a ValueError (or the
     error of ``check_balance``, ``executor_class``, ``check_loss_fn``, ``check_devices``) for the
@@ -83,7 +84,9 @@ def check_arguments(
     count each depth would give its stages, the cut chosen is measured against the plain model
     (``auto_check.confirmed``; ``running(partition)``, where given, opens a pipeline of that cut
     with these arguments and gives its endless results, which an executor with workers is
-    measured by), and the partition kept is returned."""
+    measured by; ``plain``, where given, is the model as its user runs it, on ``sample``, which the
+    pipeline is measured against: a traced model's own module, where ``model`` is its graph's
+    layers), and the partition kept is returned."""
     check_balance(model, balance)
     if grad_mode not in GRAD_MODES:
         raise ValueError(f"unknown grad_mode {grad_mode!r}; choose one of {', '.join(GRAD_MODES)}")
@@ -110,7 +113,8 @@ def check_arguments(
             config = StageConfig(
                 partition.depth, loss_fn, optimizer, grad_mode, False, check_compensation(compensation)
             )
-            partition = confirmed(model, partition, sample, config, count, running if cls.has_workers else None)
+            trial = running if cls.has_workers else None
+            partition = confirmed(model, partition, sample, config, count, trial, plain=plain)
         depth = partition.depth
     else:
         depth = balance if isinstance(balance, int) else len(balance)

@@ -38,7 +38,7 @@ from ..planning.planner import plan
 from ..result import Result
 from ..sources import MONOTONIC, Clock
 from ..traced.partition import describe
-from ..traced.structured_loss import StructuredLoss
+from ..traced.structured_loss import ModelCall, StructuredLoss
 from ..traced.tracing import boundary_specs, layers_of, traced_forward
 from . import arrivals
 from .argument_checks import Devices, check_arguments
@@ -206,6 +206,8 @@ class Pipeline:
                 timeout=timeout,
                 sample=sample,
                 compensation=compensation,
+                # "auto" weighs a pipeline against the model as its user runs it: the module itself
+                plain=self._root if layers is self._root else ModelCall(self._root, self._traced_forward),
                 running=functools.partial(
                     _running,
                     layers,

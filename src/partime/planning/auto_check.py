@@ -11,8 +11,9 @@ the model and the sample (``running``), in turns with the plain model (``in_turn
 inline executor, which simulates one) each stage of its cut as partime's own ``Stage`` for a few
 ticks of a steady stream (a forward per tick and, when learning, the product of a gradient of ones
 for the sample its delay gives, and the step), plus what its boundaries cost it per tick
-(``Partition.hop_costs``). The plain model is the model as a user runs it without partime, with
-plain torch and the threads one stage would have (every core, unless the pipeline's ``threads`` says
+(``Partition.hop_costs``). The plain model is the model as a user runs it without partime (a traced
+model's own module and forward, not the graph's layers the stages run), with plain torch and the
+threads one stage would have (every core, unless the pipeline's ``threads`` says
 otherwise): a forward without gradients, or a forward, the backward of a gradient of zeros and a
 step of the pipeline's optimizer (the work of any gradient, and weights that stay put for as long as
 it runs). The pipeline is kept only if it is ``planner.AUTO_MARGIN`` faster than that, so ``"auto"``
@@ -70,18 +71,21 @@ def confirmed(
     threads: Callable[[int], int],
     running: Callable[[Partition], AbstractContextManager[Iterator[Any]]] | None = None,
     margin: float = AUTO_MARGIN,
+    plain: nn.Module | None = None,
 ) -> Partition:
     """``partition`` if it is measured (see the module docstring) ``margin`` faster than the plain
     model, else the model as one stage (with the figures logged at INFO). ``config`` is the
     pipeline's, for ``partition.depth`` stages; ``threads(D)`` is the torch thread count each of D
     stages runs with (the plain model runs with ``threads(1)``, as the pipeline would at one
     stage); ``running(partition)``, where given, opens a pipeline of ``partition`` and gives its
-    endless results."""
+    endless results. ``plain`` is the model as its user runs it, called on ``sample`` (for a traced
+    model, ``traced.structured_loss.ModelCall`` of its module); None: ``model`` is (an
+    ``nn.Sequential``). It is timed on a copy."""
     depth, n = partition.depth, len(model)
-    plain = (_plain_calls(copy.deepcopy(model), config, sample), threads(1))
+    alone_calls = (_plain_calls(copy.deepcopy(model if plain is None else plain), config, sample), threads(1))
     if running is not None:
         with running(partition) as results:
-            pipeline, alone = in_turns((results, torch.get_num_threads()), plain)
+            pipeline, alone = in_turns((results, torch.get_num_threads()), alone_calls)
         how = "running"
     else:
         staged = copy.deepcopy(model)  # the timing steps and updates BatchNorm statistics: not the pipeline's
@@ -94,7 +98,7 @@ def confirmed(
             ]
         hops = partition.hop_costs or (0.0,) * depth  # a tick's own work and its boundaries' copies
         pipeline = max(t + hop for t, hop in zip(stages, hops, strict=True))
-        (alone,) = in_turns(plain)
+        (alone,) = in_turns(alone_calls)
         how = "its stages' ticks"
     said = f"measured {pipeline * 1e3:.3g} ms per sample at {depth} stages {list(partition.balance)} ({how}), "
     said += f"{alone * 1e3:.3g} ms for the plain model"
