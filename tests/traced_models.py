@@ -459,3 +459,232 @@ class TwoInputs(nn.Module):
 
     def forward(self, x, y):
         return self.out(self.lin(x) * y)
+
+
+# --- models with train and eval modes, in the shape of popular vision models ---------------------
+
+
+class DropNorm(nn.Module):
+    """A Linear, Dropout and BatchNorm on a branch added back to its input, and a head: what it
+    computes depends on train() and eval() in both."""
+
+    def __init__(self, width=8, out=4):
+        super().__init__()
+        self.a = nn.Linear(width, width)
+        self.drop = nn.Dropout(0.5)
+        self.norm = nn.BatchNorm1d(width)
+        self.b = nn.Linear(width, width)
+        self.head = nn.Linear(width, out)
+
+    def forward(self, x):
+        h = self.a(x)
+        h = self.norm(self.drop(h)) + h
+        return self.head(torch.relu(self.b(h)))
+
+
+def drop_norm_sequential(width=8, out=4):
+    """DropNorm's kind of layers as an nn.Sequential: Linear, Dropout, BatchNorm, ReLU, Linear."""
+    return nn.Sequential(
+        nn.Linear(width, width),
+        nn.Dropout(0.5),
+        nn.BatchNorm1d(width),
+        nn.ReLU(),
+        nn.Linear(width, width),
+        nn.Dropout(0.25),
+        nn.Linear(width, out),
+    )
+
+
+class InvertedResidual(nn.Module):
+    """MobileNetV2's block: a 1x1 expansion, a depthwise 3x3 and a 1x1 projection, each with
+    BatchNorm (ReLU6 after the first two), added to the input where the shapes allow it."""
+
+    def __init__(self, cin, cout, stride=1, expand=4):
+        super().__init__()
+        hidden = cin * expand
+        self.residual = stride == 1 and cin == cout
+        self.conv = nn.Sequential(
+            nn.Conv2d(cin, hidden, 1, bias=False),
+            nn.BatchNorm2d(hidden),
+            nn.ReLU6(inplace=True),
+            nn.Conv2d(hidden, hidden, 3, stride, 1, groups=hidden, bias=False),
+            nn.BatchNorm2d(hidden),
+            nn.ReLU6(inplace=True),
+            nn.Conv2d(hidden, cout, 1, bias=False),
+            nn.BatchNorm2d(cout),
+        )
+
+    def forward(self, x):
+        return x + self.conv(x) if self.residual else self.conv(x)
+
+
+class MobileNetV2Like(nn.Module):
+    """A stem, inverted residual blocks (one strided), pooling, Dropout and a classifier."""
+
+    def __init__(self, classes=3):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 8, 3, 2, 1, bias=False), nn.BatchNorm2d(8), nn.ReLU6(inplace=True))
+        self.blocks = nn.Sequential(InvertedResidual(8, 8), InvertedResidual(8, 12, stride=2), InvertedResidual(12, 12))
+        self.classifier = nn.Sequential(nn.Dropout(0.2), nn.Linear(12, classes))
+
+    def forward(self, x):
+        x = self.blocks(self.stem(x))
+        return self.classifier(torch.flatten(nn.functional.adaptive_avg_pool2d(x, 1), 1))
+
+
+class StochasticDepth(nn.Module):
+    """torchvision's stochastic depth, by rows: in training, each sample's branch is dropped with
+    probability ``p`` (and the others scaled up); in eval, the branch as it is."""
+
+    def __init__(self, p):
+        super().__init__()
+        self.p = p
+
+    def forward(self, x):
+        if not self.training or self.p == 0.0:
+            return x
+        keep = 1.0 - self.p
+        noise = torch.empty([x.shape[0]] + [1] * (x.dim() - 1), dtype=x.dtype, device=x.device).bernoulli_(keep)
+        return x * noise.div_(keep)
+
+
+class SqueezeExcitation(nn.Module):
+    """Channel weights from the pooled input: reduce, SiLU, expand, sigmoid, multiplied in."""
+
+    def __init__(self, channels, squeezed):
+        super().__init__()
+        self.reduce = nn.Conv2d(channels, squeezed, 1)
+        self.expand = nn.Conv2d(squeezed, channels, 1)
+
+    def forward(self, x):
+        scale = nn.functional.adaptive_avg_pool2d(x, 1)
+        scale = torch.sigmoid(self.expand(nn.functional.silu(self.reduce(scale))))
+        return x * scale
+
+
+class MBConv(nn.Module):
+    """EfficientNet's block: expansion, depthwise convolution, squeeze-excitation and projection,
+    with BatchNorm and SiLU, and stochastic depth on the residual branch."""
+
+    def __init__(self, cin, cout, expand=4, p=0.2):
+        super().__init__()
+        hidden = cin * expand
+        self.expand = nn.Sequential(nn.Conv2d(cin, hidden, 1, bias=False), nn.BatchNorm2d(hidden), nn.SiLU())
+        self.depthwise = nn.Sequential(
+            nn.Conv2d(hidden, hidden, 3, 1, 1, groups=hidden, bias=False), nn.BatchNorm2d(hidden), nn.SiLU()
+        )
+        self.se = SqueezeExcitation(hidden, max(1, cin // 4))
+        self.project = nn.Sequential(nn.Conv2d(hidden, cout, 1, bias=False), nn.BatchNorm2d(cout))
+        self.residual = cin == cout
+        self.drop = StochasticDepth(p)
+
+    def forward(self, x):
+        h = self.project(self.se(self.depthwise(self.expand(x))))
+        return x + self.drop(h) if self.residual else h
+
+
+class EfficientNetLike(nn.Module):
+    """A stem with BatchNorm and SiLU, MBConv blocks, a 1x1 head, pooling, Dropout and a classifier."""
+
+    def __init__(self, classes=3):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 8, 3, 2, 1, bias=False), nn.BatchNorm2d(8), nn.SiLU())
+        self.blocks = nn.Sequential(MBConv(8, 8), MBConv(8, 12), MBConv(12, 12))
+        self.head = nn.Sequential(nn.Conv2d(12, 16, 1, bias=False), nn.BatchNorm2d(16), nn.SiLU())
+        self.drop = nn.Dropout(0.2)
+        self.fc = nn.Linear(16, classes)
+
+    def forward(self, x):
+        x = self.head(self.blocks(self.stem(x)))
+        return self.fc(self.drop(torch.flatten(nn.functional.adaptive_avg_pool2d(x, 1), 1)))
+
+
+class ViTBlock(nn.Module):
+    """A pre-norm vision transformer block: LayerNorm, attention with Dropout, LayerNorm, an MLP
+    with GELU and Dropout, each added to a residual."""
+
+    def __init__(self, d=8, heads=2, hidden=16, p=0.1):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(d)
+        self.attn = nn.MultiheadAttention(d, heads, dropout=p, batch_first=True)
+        self.drop1 = nn.Dropout(p)
+        self.norm2 = nn.LayerNorm(d)
+        self.mlp = nn.Sequential(nn.Linear(d, hidden), nn.GELU(), nn.Dropout(p), nn.Linear(hidden, d), nn.Dropout(p))
+
+    def forward(self, x):
+        h = self.norm1(x)
+        a, _ = self.attn(h, h, h, need_weights=False)
+        x = x + self.drop1(a)
+        return x + self.mlp(self.norm2(x))
+
+
+class ViTLike(nn.Module):
+    """Patches by a strided convolution, a class token and position embedding, Dropout, two blocks,
+    a final LayerNorm and a head on the class token."""
+
+    def __init__(self, d=8, classes=3, patches=16):
+        super().__init__()
+        self.patch = nn.Conv2d(3, d, 2, stride=2)
+        self.cls = nn.Parameter(0.1 * torch.randn(1, 1, d))
+        self.position = nn.Parameter(0.1 * torch.randn(1, patches + 1, d))
+        self.drop = nn.Dropout(0.1)
+        self.blocks = nn.Sequential(ViTBlock(d), ViTBlock(d))
+        self.norm = nn.LayerNorm(d)
+        self.head = nn.Linear(d, classes)
+
+    def forward(self, x):
+        tokens = self.patch(x).flatten(2).transpose(1, 2)
+        tokens = torch.cat([self.cls.expand(x.shape[0], -1, -1), tokens], dim=1)
+        h = self.blocks(self.drop(tokens + self.position))
+        return self.head(self.norm(h)[:, 0])
+
+
+class DenseLayer(nn.Module):
+    """DenseNet's layer: BatchNorm, ReLU, a 1x1 bottleneck, BatchNorm, ReLU, a 3x3 convolution; its
+    output is concatenated to its input."""
+
+    def __init__(self, cin, growth=4):
+        super().__init__()
+        self.norm1 = nn.BatchNorm2d(cin)
+        self.conv1 = nn.Conv2d(cin, 2 * growth, 1, bias=False)
+        self.norm2 = nn.BatchNorm2d(2 * growth)
+        self.conv2 = nn.Conv2d(2 * growth, growth, 3, padding=1, bias=False)
+        self.drop = nn.Dropout(0.1)
+
+    def forward(self, x):
+        h = self.conv1(torch.relu(self.norm1(x)))
+        h = self.drop(self.conv2(torch.relu(self.norm2(h))))
+        return torch.cat([x, h], dim=1)
+
+
+class DenseNetLike(nn.Module):
+    """A stem, a dense block of three layers, a transition (BatchNorm, ReLU, 1x1, average pooling),
+    a final BatchNorm and a classifier."""
+
+    def __init__(self, classes=3):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 6, 3, padding=1, bias=False)
+        self.block = nn.Sequential(DenseLayer(6), DenseLayer(10), DenseLayer(14))
+        self.transition = nn.Sequential(nn.BatchNorm2d(18), nn.ReLU(), nn.Conv2d(18, 8, 1, bias=False), nn.AvgPool2d(2))
+        self.norm = nn.BatchNorm2d(8)
+        self.fc = nn.Linear(8, classes)
+
+    def forward(self, x):
+        x = torch.relu(self.norm(self.transition(self.block(self.stem(x)))))
+        return self.fc(torch.flatten(nn.functional.adaptive_avg_pool2d(x, 1), 1))
+
+
+def with_statistics(model, seed=0):
+    """``model`` with every BatchNorm's running statistics (and affine weights) set to values of its
+    own, far from their fresh 0 and 1: a BatchNorm in eval() then computes what no fresh one does."""
+    gen = torch.Generator().manual_seed(seed)
+    for module in model.modules():
+        if isinstance(module, nn.modules.batchnorm._BatchNorm):
+            n = module.num_features
+            module.running_mean.copy_(torch.rand(n, generator=gen) - 0.5)
+            module.running_var.copy_(0.5 + torch.rand(n, generator=gen))
+            module.num_batches_tracked.fill_(7)
+            with torch.no_grad():
+                module.weight.copy_(0.5 + torch.rand(n, generator=gen))
+                module.bias.copy_(torch.rand(n, generator=gen) - 0.5)
+    return model

@@ -72,8 +72,10 @@ class Fused(nn.Module):
         be made again from them there: fx would pickle the graph module as its generated code and
         trace that code again, which fails where the code calls a function that partime's trace
         kept whole but fx's own would trace through (control flow on shapes, as in Swin's window
-        attention). The segments hold the very modules and tensors the graph module holds."""
-        return (_remade, (self._segments, self.training))
+        attention). The segments hold the very modules and tensors the graph module holds, each
+        module with its own ``training`` flag (a BatchNorm in ``eval()`` stays so); the two made
+        here again take theirs as they are now."""
+        return (_remade, (self._segments, self.training, self.graph_module.training))
 
     def forward(self, value: Any) -> Any:
         if self._first is not None:  # the model's first nodes: a sample that does not fit is refused by name
@@ -95,9 +97,13 @@ class Fused(nn.Module):
         return f"nodes={list(self.nodes)}"
 
 
-def _remade(segments: Sequence[Segment], training: bool) -> Fused:
-    """A ``Fused`` made again from ``segments`` where it traveled to, in training mode or not."""
-    return Fused(segments).train(training)
+def _remade(segments: Sequence[Segment], training: bool, graph_training: bool) -> Fused:
+    """A ``Fused`` made again from ``segments`` where it traveled to, it and its graph module with
+    the ``training`` flags given. Not ``train()``: that would set every module inside to one mode,
+    and each keeps the one it traveled with."""
+    remade = Fused(segments)
+    remade.training, remade.graph_module.training = training, graph_training
+    return remade
 
 
 def fused(stages: Sequence[nn.Module]) -> list[nn.Module]:

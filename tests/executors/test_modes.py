@@ -1,0 +1,155 @@
+"""Every stage keeps the mode of every module it holds (``train()`` or ``eval()``, module by module)
+wherever it runs: in the caller, a thread, a worker process, another rank, after a checkpoint is
+loaded. In eval mode a pipeline without a loss gives ``model(x)`` to the bit; in train mode (Dropout
+drawing, BatchNorm on batch statistics) it gives what the inline executor gives."""
+
+import copy
+import pickle
+
+import pytest
+import torch
+import traced_models
+from torch import nn
+
+import partime
+from partime.executors.spawning import ByValue
+from partime.planning.partition import split
+from partime.traced.tracing import layers_of
+
+EXECUTORS = ["inline", "thread", "process"]
+SAMPLES = 5
+POPULAR = {
+    "resnet": traced_models.ResNet,
+    "mobilenet_v2": traced_models.MobileNetV2Like,
+    "efficientnet": traced_models.EfficientNetLike,
+    "vit": traced_models.ViTLike,
+    "densenet": traced_models.DenseNetLike,
+}
+
+
+def drop_norm(kind, seed=0):
+    """A model with Dropout and BatchNorm (running statistics of its own): traced, or an nn.Sequential."""
+    torch.manual_seed(seed)
+    model = traced_models.DropNorm() if kind == "traced" else traced_models.drop_norm_sequential()
+    return traced_models.with_statistics(model, seed)
+
+
+def popular(name, seed=0):
+    torch.manual_seed(seed)
+    return traced_models.with_statistics(POPULAR[name](), seed)
+
+
+def rows(n=SAMPLES, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randn(3, 8, generator=gen) for _ in range(n)]
+
+
+def images(n=SAMPLES, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randn(2, 3, 8, 8, generator=gen) for _ in range(n)]
+
+
+def even(model, depth, sample):
+    """``depth`` stages of as even a number of layers as can be (no timing: the same cut every run)."""
+    n = len(layers_of(copy.deepcopy(model), sample))
+    return [n // depth + (1 if i < n % depth else 0) for i in range(depth)]
+
+
+def modes(model):
+    return {name: module.training for name, module in model.named_modules()}
+
+
+def run(model, depth, xs, executor):
+    """The outputs of ``xs`` through a pipeline of ``model`` cut into ``depth`` stages, and its ``module``."""
+    with partime.Pipeline(model, even(model, depth, xs[0]), executor=executor, threads=1, sample=xs[0]) as pipe:
+        outputs = [r.output for r in pipe.stream(xs)]
+        return outputs, pipe.module
+
+
+@pytest.mark.parametrize("depth", [2, 3])
+@pytest.mark.parametrize("executor", EXECUTORS)
+@pytest.mark.parametrize("kind", ["traced", "sequential"])
+def test_in_eval_mode_every_executor_gives_the_models_own_outputs(kind, executor, depth):
+    model = drop_norm(kind).eval()
+    xs = rows()
+    outputs, module = run(model, depth, xs, executor)
+    for s, (out, x) in enumerate(zip(outputs, xs)):
+        assert torch.equal(out, model(x)), (s, (out - model(x)).abs().max().item())
+    assert modes(module) == modes(model)
+    for name, buffer in model.named_buffers():  # BatchNorm in eval() counts nothing
+        assert torch.equal(module.get_buffer(name), buffer), name
+
+
+@pytest.mark.parametrize("depth", [2, 3])
+@pytest.mark.parametrize("executor", EXECUTORS[1:])
+@pytest.mark.parametrize("kind", ["traced", "sequential"])
+def test_in_train_mode_every_executor_gives_what_inline_gives(kind, executor, depth):
+    model = drop_norm(kind).train()
+    xs = rows()
+    inline_outputs, inline_module = run(model, depth, xs, "inline")
+    outputs, module = run(model, depth, xs, executor)
+    for s, (out, expected) in enumerate(zip(outputs, inline_outputs)):
+        assert torch.equal(out, expected), s
+    evaluated = copy.deepcopy(model).eval()(xs[0])
+    assert not torch.equal(inline_outputs[0], evaluated)  # Dropout drew, BatchNorm took the batch's statistics
+    assert modes(module) == modes(model)
+    for name, buffer in inline_module.named_buffers():  # every sample counted once, as inline counts it
+        assert torch.equal(module.get_buffer(name), buffer), name
+
+
+@pytest.mark.parametrize("executor", EXECUTORS)
+@pytest.mark.parametrize("kind", ["traced", "sequential"])
+def test_a_model_in_train_mode_with_its_batchnorm_in_eval_keeps_both(kind, executor):
+    """Fine-tuning with frozen BatchNorm: the model in train(), its BatchNorm in eval()."""
+    model = drop_norm(kind).train()
+    norm = next(m for m in model.modules() if isinstance(m, nn.BatchNorm1d))
+    norm.eval()
+    xs = rows()
+    outputs, module = run(model, 2, xs, executor)
+    inline_outputs, _ = run(model, 2, xs, "inline")
+    for s, (out, expected) in enumerate(zip(outputs, inline_outputs)):
+        assert torch.equal(out, expected), s
+    assert modes(module) == modes(model)
+    for name, buffer in model.named_buffers():  # the BatchNorm in eval() counted nothing
+        assert torch.equal(module.get_buffer(name), buffer), name
+
+
+@pytest.mark.parametrize("executor", EXECUTORS)
+@pytest.mark.parametrize("name", list(POPULAR))
+def test_popular_models_in_eval_mode_give_their_own_outputs(name, executor):
+    model = popular(name).eval()
+    xs = images(3)
+    outputs, module = run(model, 3, xs, executor)
+    for s, (out, x) in enumerate(zip(outputs, xs)):
+        assert torch.equal(out, model(x)), (s, (out - model(x)).abs().max().item())
+    assert modes(module) == modes(model)
+
+
+@pytest.mark.parametrize("executor", ["inline", "process"])
+def test_an_eval_pipeline_resumed_from_a_checkpoint_stays_in_eval(executor, tmp_path):
+    model = drop_norm("traced").eval()
+    xs = rows()
+    balance = even(model, 2, xs[0])
+    with partime.Pipeline(model, balance, executor="inline", threads=1) as pipe:
+        first = [pipe.step(x) for x in xs[:2]]
+        pipe.save(tmp_path / "eval.pt")
+    with partime.Pipeline(model, balance, executor=executor, threads=1) as pipe:
+        pipe.load(tmp_path / "eval.pt")
+        rest = [pipe.step(x) for x in xs[2:]] + pipe.flush()
+        module = pipe.module
+    outputs = [r.output for r in first + rest if r is not None]
+    assert len(outputs) == SAMPLES
+    for s, (out, x) in enumerate(zip(outputs, xs)):
+        assert torch.equal(out, model(x)), s
+    assert modes(module) == modes(model)
+
+
+@pytest.mark.parametrize("travel", ["deepcopy", "pickle"])
+def test_a_fused_stage_travels_with_the_mode_of_every_module_it_holds(travel):
+    """What a worker process or a copy rebuilds: each module with its own flag, not the stage's."""
+    model = drop_norm("traced").train()
+    model.norm.eval()
+    stage = split(layers_of(model), [7])[0]
+    moved = copy.deepcopy(stage) if travel == "deepcopy" else pickle.loads(pickle.dumps(ByValue(stage))).load()
+    assert modes(moved) == modes(stage)
+    assert moved.graph_module.norm.training is False and moved.graph_module.drop.training is True
