@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import logging
 import random
 
 import pytest
@@ -246,3 +247,48 @@ def test_too_few_allowed_cuts_names_every_run_of_ties() -> None:
     ):
         check_balance(model, 4)
     check_balance(model, 3)
+
+
+def _tied_past_a_cheap_first_layer() -> nn.Sequential:
+    """ReLU, enc, ReLU, Linear, ReLU, dec, with dec's weight enc's: layers 1 to 5 stay together."""
+    enc, dec = nn.Linear(8, 8), nn.Linear(8, 8)
+    dec.weight = enc.weight
+    return nn.Sequential(nn.ReLU(), enc, nn.ReLU(), nn.Linear(8, 8), nn.ReLU(), dec)
+
+
+def test_a_number_of_stages_that_a_tie_keeps_from_any_useful_cut_is_warned_of(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # the only cut into 2 stages the tie allows is [1, 5]: 5 s a sample, against 5.2 s as one
+    # stage; [3, 3] would take 3 s, but cuts through the tie
+    model = _tied_past_a_cheap_first_layer()
+    monkeypatch.setattr(planner, "profile_layers", lambda *args, **kwargs: (0.2, 1.0, 1.0, 1.0, 1.0, 1.0))
+    monkeypatch.setattr(planner.hop_cost, "TICK_OVERHEAD_S", 0.0)
+    with caplog.at_level(logging.WARNING, logger="partime.planning.planner"):
+        assert plan(model, 2, torch.randn(8), learning=True).balance == (1, 5)
+    (warned,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warned == (
+        "balance=2: the cut [1, 5] is predicted 5.000 s per sample (its stages: 0.200 / 5.000), against "
+        "5.200 s for the model as one stage: no faster, because shared tensors keep every faster cut out: "
+        'layers 1 to 5 must stay in one stage ("1.weight" of layer 1 is "5.weight" of layer 5); a cut such '
+        "as [3, 3] (3.000 s) would split them. To pipeline this model, untie the weights: give one of the "
+        "modules that share a tensor a copy of its own (for a tied language-model head, model.lm_head.weight "
+        "= nn.Parameter(model.lm_head.weight.detach().clone())); for inference that changes no output, and "
+        "when learning each copy then learns on its own. Or run the model as one stage (balance=1)"
+    )
+
+
+@pytest.mark.parametrize(
+    "times",
+    [
+        (4.0, 1.0, 1.0, 1.0, 1.0, 1.0),  # [1, 5] takes 5 s against 9 s: the cut the tie allows pays
+        (0.0, 0.0, 0.0, 0.0, 0.0, 5.0),  # no cut of one layer of 5 s pays: not the tie's doing
+    ],
+)
+def test_a_number_of_stages_whose_tied_cut_pays_or_no_cut_would_is_not_warned_of(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, times: tuple[float, ...]
+) -> None:
+    monkeypatch.setattr(planner, "profile_layers", lambda *args, **kwargs: times)
+    with caplog.at_level(logging.WARNING, logger="partime.planning.planner"):
+        assert plan(_tied_past_a_cheap_first_layer(), 2, torch.randn(8)).balance == (1, 5)
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]

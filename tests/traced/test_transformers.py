@@ -5,11 +5,13 @@ executor, and the samples a graph traced on a sample refuses."""
 import copy
 import functools
 import itertools
+import logging
 
 import hf_models as hf
 import pytest
 import torch
 from torch import nn
+from transformers import GPT2Config, GPT2LMHeadModel
 
 import partime
 from partime.planning import auto_check, planner
@@ -252,3 +254,39 @@ def test_auto_learning_a_transformers_model_keeps_its_cut_and_learns_as_inline(m
     expected, _ = learn("gpt2", balance, "inline", n=4)
     for (i, out_a, loss_a), (_, out_b, loss_b) in zip(expected, results, strict=True):
         assert loss_a == loss_b and all(torch.equal(a, b) for a, b in zip(out_a, out_b, strict=True)), i
+
+
+def _gpt2_lm_head():
+    """GPT-2 with its language-model head, whose weight is the token embedding's (tied)."""
+    torch.manual_seed(0)
+    config = GPT2Config(
+        n_layer=2, n_embd=hf.WIDTH, n_head=2, vocab_size=hf.VOCAB, n_positions=16, bos_token_id=0, eos_token_id=0
+    )
+    return GPT2LMHeadModel(config).eval()
+
+
+def test_a_tied_lm_head_that_leaves_no_useful_cut_is_warned_of_with_the_fix(monkeypatch, caplog):
+    # every node of the graph takes as long: the tie keeps every cut but the one after the first node
+    # (the input's view) out, which a pipeline of 2 stages gains nothing by
+    model = _gpt2_lm_head()
+    xs, _ = hf.samples("gpt2", 3)
+    n = len(layers_of(model, xs[0]))
+    monkeypatch.setattr(planner, "profile_layers", lambda *args, **kwargs: (1.0,) * n)
+    with caplog.at_level(logging.WARNING, logger="partime.planning.planner"):
+        with partime.Pipeline(model, 2, executor="inline", sample=xs[0]) as pipe:
+            assert pipe.partition.balance == (1, n - 1)
+    (warned,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warned.startswith(f"balance=2: the cut [1, {n - 1}] is predicted ")
+    assert f'layers 1 to {n - 1} (nodes embedding to linear) must stay in one stage ("lm_head.weight"' in warned
+    assert "model.lm_head.weight = nn.Parameter(model.lm_head.weight.detach().clone())" in warned
+    # the fix: untied, it is cut in the middle, and infers as the tied model does
+    model.lm_head.weight = nn.Parameter(model.lm_head.weight.detach().clone())
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="partime.planning.planner"):
+        with partime.Pipeline(model, 2, executor="inline", sample=xs[0]) as pipe:
+            assert abs(pipe.partition.balance[0] - n // 2) <= 1
+            outputs = [r.output.logits for r in pipe.stream(xs)]
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    tied = _gpt2_lm_head()
+    with torch.no_grad():
+        assert all(torch.equal(out, tied(**x, use_cache=False).logits) for out, x in zip(outputs, xs, strict=True))

@@ -24,7 +24,7 @@ from .balance import AUTO, Balance, is_int
 from .partition import Partition, best_split, check_balance, time_unit
 from .profiling import Sample, profile_layers
 from .steady_cut import steady_split
-from .ties import tied_cuts
+from .ties import held_together, tied_cuts
 
 log = logging.getLogger(__name__)
 
@@ -149,6 +149,8 @@ def plan_timed(
     if balance != AUTO:
         times = profile(on_output=meter)
         partition = Partition(steady(times, int(balance)), times, meter.hop_times, overhead)
+        if forbidden:
+            _warn_if_tied_out(model, partition, forbidden)
     else:
         top = max(1, min(usable_cores(), n - len(forbidden)))
         counts = {d: torch.get_num_threads() if threads is None else threads(d) for d in range(1, top + 1)}
@@ -165,6 +167,43 @@ def plan_timed(
             partition = Partition(cut, times, meter.hop_times, overhead, partition.sequential_time)
     log.debug("boundary bytes per tick: %s", meter.nbytes)
     return partition
+
+
+def _warn_if_tied_out(model: nn.Sequential, partition: Partition, forbidden: Collection[int]) -> None:
+    """Log a warning if the cut of ``partition`` (D stages of ``model``, profiled, avoiding the
+    ``forbidden`` tied cut positions) is predicted no ``AUTO_MARGIN`` faster than the model as one
+    stage, while a cut through a tie would be: the shared tensor keeps every useful cut out (a
+    tied language-model head cuts a transformer after its first node), and the user asked for a
+    pipeline. A warning, not an error: the results are right, and a refusal would turn on timings."""
+    assert partition.layer_times is not None and partition.sequential_time is not None, "a profiled partition"
+    sequential, got = partition.sequential_time, _predicted(partition)
+    if got * (1 + AUTO_MARGIN) <= sequential:
+        return
+    times, hops, overhead = partition.layer_times, partition.hop_times, partition.overhead
+    free = Partition(best_split(times, partition.depth, hop_times=hops, overhead=overhead), times, hops, overhead)
+    if _predicted(free) * (1 + AUTO_MARGIN) > sequential:  # no cut would help: not the tie's doing
+        return
+    scale, unit = time_unit(sequential)
+    cuts = [stop for _, stop in free.bounds[:-1] if stop in forbidden]
+    log.warning(
+        "balance=%d: the cut %s is predicted %.3f %s per sample (its stages: %s), against %.3f %s for the "
+        "model as one stage: no faster, because shared tensors keep every faster cut out: %s; a cut such as "
+        "%s (%.3f %s) would split them. To pipeline this model, untie the weights: give one of the modules that "
+        "share a tensor a copy of its own (for a tied language-model head, model.lm_head.weight = "
+        "nn.Parameter(model.lm_head.weight.detach().clone())); for inference that changes no output, and when "
+        "learning each copy then learns on its own. Or run the model as one stage (balance=1)",
+        partition.depth,
+        list(partition.balance),
+        got * scale,
+        unit,
+        " / ".join(f"{t * scale:.3f}" for t in partition.predicted_times or ()),
+        sequential * scale,
+        unit,
+        held_together(model, cuts),
+        list(free.balance),
+        _predicted(free) * scale,
+        unit,
+    )
 
 
 def _predicted(partition: Partition) -> float:
@@ -200,7 +239,9 @@ def plan(
     will run with, at which ``"auto"`` times the layers for D (default: the current count).
 
     Either way no cut separates two children that share a tensor (``tied_cuts``): a list
-    balance that would is refused, and D stages are chosen among the cuts that do not.
+    balance that would is refused, and D stages are chosen among the cuts that do not, with a
+    warning naming the tie and the fix where none of those is predicted ``AUTO_MARGIN`` faster
+    than one stage while a cut through the tie would be.
     """
     check_balance(model, balance)
     if isinstance(balance, Sequence) and not isinstance(balance, str):

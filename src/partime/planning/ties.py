@@ -9,7 +9,8 @@ it would fall into, and a balance that keeps them together (or, for a number of 
 stages that can). In a traced model (``partime.traced.tracing``) the children are the graph's nodes, and
 two of them share a tensor where both use one parameter or buffer (a module called twice, tied
 weights, a parameter of the model read by two nodes): the message names the tensor as the traced
-module does and the nodes that use it.
+module does and the nodes that use it. ``held_together`` says, in the same words, why given cut
+positions are ruled out (``planner`` warns with it when a tie leaves D stages no cut worth making).
 """
 
 from __future__ import annotations
@@ -105,6 +106,14 @@ def check_ties(model: nn.Sequential, balance: int | Sequence[int]) -> None:
     cut = next((c for c in cuts if c in ties), None)
     if cut is not None:
         raise ValueError(_cuts_a_tie(n, layers, cut, ties, nodes))
+
+
+def held_together(model: nn.Sequential, cuts: Collection[int]) -> str:
+    """Why no cut may fall at ``cuts`` (positions of ``tied_cuts(model)``), in words: each run of
+    layers around them that must stay in one stage, and the tensor its children share."""
+    n, ties, nodes = len(model), tied_cuts(model), _nodes(model)
+    runs = sorted({_block(n, k, ties) for k in cuts})
+    return "; ".join(f"{_layers(a, b, nodes)} must stay in one stage ({_tie_text(ties[a + 1])})" for a, b in runs)
 
 
 def _nodes(model: nn.Sequential) -> list[str] | None:
