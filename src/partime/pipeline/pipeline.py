@@ -119,6 +119,19 @@ class Pipeline:
     second pipeline made from it starts from the same weights. ``module`` gives the trained
     weights back (``model.load_state_dict(pipe.module.state_dict())`` to train it in place).
 
+    Besides one forward of each sample (and the forward again that ``grad_mode="stash"`` runs for a
+    late gradient), partime runs the model for itself, on copies, from a copy of the random state:
+    at the first sample, every stage's forward once on it, under ``torch.no_grad()``, to learn what
+    crosses each boundary (``partime.pipeline.sample_reading.layout_of``); with ``balance=D``, each
+    layer a few times on ``sample`` (or the first sample) to time it, forward and, when learning,
+    backward; with ``balance="auto"``, that for each depth's thread count, then a trial pipeline and
+    the model itself for a few seconds. None of it draws from the caller's random stream or changes
+    the pipeline's weights and buffers, but a forward with a side effect outside the model (a
+    counter, a print) sees it: with a list balance, N + 1 calls for N samples, the first on sample 0
+    without gradients. A traced model runs its graph, not its forward: Python in its ``forward``
+    that computes no tensor runs when it is traced (and once more on ``sample=``, which checks the
+    graph against the forward), never per sample.
+
     ``devices`` puts the stages on devices: None (every stage on the CPU), one device (a string
     such as ``"cuda:0"`` or a ``torch.device``) for every stage, or a list of one per stage. A
     device this machine does not have (CUDA where ``torch.cuda.is_available()`` is False, an index

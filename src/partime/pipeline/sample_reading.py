@@ -30,7 +30,10 @@ def pair(item: Any, index: int) -> tuple[Any, Any]:
 
 
 def layout_of(stages: list[nn.Module], x: Any, target: ValueSpec | None) -> Layout:
-    """Every boundary's layout, from one forward of a copy of the stages on the first sample."""
+    """Every boundary's layout, from one forward of a copy of the stages on the first sample,
+    without gradients: the stages are left as they were, but a side effect outside them (a
+    counter in a forward) sees that forward, and it draws from the current random stream (the
+    pipeline calls it on a fork of the caller's)."""
     specs = []
     value = x
     with torch.no_grad():
