@@ -90,7 +90,8 @@ class Pipeline:
     predicted ``partime.planning.planner.AUTO_MARGIN`` (10%) faster, and then measured so
     (``partime.planning.auto_check``: with an executor of workers, a pipeline of the chosen cut
     runs for a few seconds on copies of the model and ``sample``, in turns with the plain model)
-    against the plain model with plain torch and the threads one stage would have.
+    against the plain model (the module given, run by its own forward, also where it is traced) with
+    plain torch and the threads one stage would have.
     ``partition`` says what it chose and predicts.
 
     With ``loss_fn`` and ``optimizer`` (a factory ``params -> Optimizer``, called once per
