@@ -3,13 +3,19 @@
 Every boundary of a pipeline (a sample, an activation between two stages, an output, a target)
 carries values of one fixed layout, learnt from the first sample. ``TensorSpec`` describes one
 tensor of it; ``ValueSpec`` the whole value, remembering whether it was a bare tensor.
+
+Where a stage's output crosses a cut, its layout also keeps the strides it had (``spec_of(...,
+strides=True)``), and every executor hands it to the next stage in them (``rebuild``): a
+``channels_last`` activation, or a transposed one, arrives as it left, and what the next stage
+computes from it (a pooling, a BatchNorm, a matrix product) has the bits it has in ``model(x)``.
+Samples and targets cross as contiguous copies, whatever strides the caller's tensors have.
 """
 
 from __future__ import annotations
 
 import cmath
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -18,10 +24,24 @@ from torch import Tensor
 
 @dataclass(frozen=True)
 class TensorSpec:
-    """Shape and dtype of one tensor at a boundary."""
+    """Shape and dtype of one tensor at a boundary, and the strides it crosses in (None: contiguous).
+
+    The strides are no part of what a value must match (``check_like``, ``==``): a value of other
+    strides is taken, and handed on in these (``laid_out``)."""
 
     shape: tuple[int, ...]
     dtype: torch.dtype
+    strides: tuple[int, ...] | None = field(default=None, compare=False)
+
+    def zeros(self, count: int) -> Tensor:
+        """``count`` values of this spec one after another (``[k]`` is the k-th), zeros, each in
+        the spec's strides."""
+        if self.strides is None:
+            return torch.zeros((count, *self.shape), dtype=self.dtype)
+        numel = 1
+        for d in self.shape:
+            numel *= d
+        return torch.empty_strided((count, *self.shape), (numel, *self.strides), dtype=self.dtype).zero_()
 
     @property
     def nbytes(self) -> int:
@@ -63,18 +83,42 @@ def as_tensors(value: object, what: str) -> tuple[Tensor, ...]:
     raise TypeError(f"{what} must be a tensor or a flat tuple of tensors, got {kind}")
 
 
-def spec_of(value: object, what: str) -> ValueSpec:
-    """The layout of ``value``."""
+def spec_of(value: object, what: str, *, strides: bool = False) -> ValueSpec:
+    """The layout of ``value``; with ``strides``, the strides of its tensors too (``dense_strides``)."""
     tensors = as_tensors(value, what)
     return ValueSpec(
-        tuple(TensorSpec(tuple(t.shape), t.dtype) for t in tensors),
+        tuple(TensorSpec(tuple(t.shape), t.dtype, dense_strides(t) if strides else None) for t in tensors),
         not isinstance(value, Tensor),
     )
 
 
+def dense_strides(t: Tensor) -> tuple[int, ...]:
+    """The strides of ``t`` where its elements fill its memory without gaps or overlaps (a
+    ``channels_last`` tensor, a transposed one); else those of a copy of it (``preserve_format``:
+    contiguous, or ``channels_last`` for a view of a ``channels_last`` tensor)."""
+    return tuple(torch.empty_like(t, device="meta").stride())
+
+
+def laid_out(t: Tensor, spec: TensorSpec) -> Tensor:
+    """``t`` in the strides of ``spec`` (contiguous where it has none): itself if it has them, else a copy."""
+    if spec.strides is None:
+        return t.contiguous()
+    if t.stride() == spec.strides:
+        return t
+    return torch.empty_strided(t.shape, spec.strides, dtype=t.dtype, device=t.device).copy_(t)
+
+
+def dense(t: Tensor) -> Tensor:
+    """``t`` itself where its elements fill its memory without gaps or overlaps, else a copy of it in
+    ``dense_strides``: what a link hands on by reference, its strides kept."""
+    return t if t.stride() == dense_strides(t) else t.clone(memory_format=torch.preserve_format)
+
+
 def rebuild(spec: ValueSpec, tensors: tuple[Tensor, ...]) -> Tensor | tuple[Tensor, ...]:
-    """The value of layout ``spec`` made of ``tensors``."""
-    return tuple(tensors) if spec.is_tuple else tensors[0]
+    """The value of layout ``spec`` made of ``tensors``, each in the strides of its spec (``laid_out``)."""
+    if spec.is_tuple:
+        return tuple(laid_out(t, s) for t, s in zip(tensors, spec.tensors))
+    return laid_out(tensors[0], spec.tensors[0])
 
 
 def check_like(value: object, expected: ValueSpec, what: str) -> None:

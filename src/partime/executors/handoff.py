@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor
 
+from ..core.boundary_values import dense
 from .messages import Message
 from .process.shared_memory import POLL_S
 
@@ -37,7 +38,9 @@ class Signal:
 
 class Handoff:
     """A FIFO between two threads with ``shared_memory.Channel``'s ``put`` and ``get``: the tensors go by
-    reference, made contiguous (with ``copy``, as copies of their own). It holds as many messages as
+    reference, with their strides (a view with gaps as a dense copy: ``boundary_values.dense``), or,
+    with ``copy`` (what the caller feeds), as contiguous copies of their own; the receiver lays them
+    out as its boundary's layout says (``boundary_values.rebuild``). It holds as many messages as
     are put: a stage sends at most one per tick offered, and the caller offers a tick only with a
     sample and takes each result when due, so no more than D + 2 are ever in it."""
 
@@ -58,7 +61,7 @@ class Handoff:
         if self._copy:
             values = tuple(t.detach().clone(memory_format=torch.contiguous_format) for t in tensors)
         else:
-            values = tuple(t.detach().contiguous() for t in tensors)
+            values = tuple(dense(t.detach()) for t in tensors)
         self._items.put(Message(kind, index, scalar, values))
 
     def empty(self) -> bool:

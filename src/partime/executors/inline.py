@@ -8,9 +8,10 @@ for the next tick (``malloc.keep_freed_memory``), as the processes that run stag
 every other executor is tested against, and a way to simulate the learning of a D-stage
 pipeline on one core.
 
-Every value handed from one stage to another, and every sample and target fed, is taken as a
-contiguous tensor of its own (a copy of what the caller fed, which may reuse its buffers), as the
-executors that send values between processes take it: so they compute the same to the bit.
+Every sample and target fed is taken as a contiguous tensor of its own (a copy of what the caller
+fed, which may reuse its buffers), and every value handed from one stage to another in the strides
+of its boundary's layout (``boundary_values.rebuild``), as the executors that send values between
+processes take them: so they compute the same to the bit.
 
 What a stage does in a tick is ``tick.forward_half`` and ``tick.backward_half``; this executor
 only orders them and carries their messages (a sample skipped under ``nonfinite="skip"``, fed as
@@ -28,7 +29,7 @@ from torch import Tensor
 
 from ..checkpoint.files import CheckpointError, message
 from ..core import schedule
-from ..core.boundary_values import as_tensors, rebuild
+from ..core.boundary_values import ValueSpec, as_tensors, rebuild
 from ..core.stage import Stage
 from ..core.tick import Data, Passed, Skip, backward_half, forward_half
 from ..result import Result
@@ -50,6 +51,7 @@ class InlineExecutor(Executor):
         if self.threads is not None:
             torch.set_num_threads(self.threads)
         keep_freed_memory()  # as in every process that runs stages: no page faults for each tick's activations
+        self._layout = layout
         self._stages = []
         for i, (module, device) in enumerate(zip(self.stages, self.devices)):
             try:
@@ -151,9 +153,9 @@ class InlineExecutor(Executor):
                 except Exception as exc:
                     raise stage_error(i, message.sample, stage.phase, exc) from exc
                 if sent.activation is not None:
-                    acts[i + 1] = _contiguous(sent.activation)
+                    acts[i + 1] = _laid_out(sent.activation, self._layout.activations[i])
                 if sent.gradient is not None:
-                    grads[i - 1] = _contiguous(sent.gradient)
+                    grads[i - 1] = _laid_out(sent.gradient, self._layout.activations[i - 1])
                 if sent.result is not None:
                     self._results.append(sent.result)
             message = self._grads[i]
@@ -168,7 +170,7 @@ class InlineExecutor(Executor):
                 except Exception as exc:
                     raise stage_error(i, message.sample, stage.phase, exc) from exc
                 if back is not None:
-                    grads[i - 1] = _contiguous(back)
+                    grads[i - 1] = _laid_out(back, self._layout.activations[i - 1])
         self._acts, self._grads = acts, grads
         self._tick += 1
 
@@ -181,12 +183,12 @@ def _own(value: Any) -> Any:
     return copies[0] if isinstance(value, Tensor) else copies
 
 
-def _contiguous(message: Passed) -> Passed:
-    """``message`` with every tensor of its value contiguous (copied only where it is not)."""
+def _laid_out(message: Passed, spec: ValueSpec) -> Passed:
+    """``message`` with its value in the strides of its boundary's layout ``spec`` (copied only where
+    it has others), as a link between processes hands it on."""
     if isinstance(message, Skip):
         return message
-    tensors = tuple(t.contiguous() for t in as_tensors(message.value, "value"))
-    return Data(message.sample, tensors[0] if isinstance(message.value, Tensor) else tensors)
+    return Data(message.sample, rebuild(spec, as_tensors(message.value, "value")))
 
 
 def _returning(value: Any) -> Callable[[], Any]:

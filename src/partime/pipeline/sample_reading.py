@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from ..core.boundary_layout import Layout
-from ..core.boundary_values import ValueSpec, spec_of
+from ..core.boundary_values import ValueSpec, as_tensors, rebuild, spec_of
 from ..executors.base import stage_error
 
 
@@ -35,12 +35,13 @@ def layout_of(stages: list[nn.Module], x: Any, target: ValueSpec | None) -> Layo
     counter in a forward) sees that forward, and it draws from the current random stream (the
     pipeline calls it on a fork of the caller's)."""
     specs = []
-    value = x
+    sample = spec_of(x, "sample 0")
+    value = rebuild(sample, as_tensors(x, "sample 0"))  # as stage 0 takes it (contiguous): its outputs' strides follow
     with torch.no_grad():
         for i, stage in enumerate(copy.deepcopy(stages)):
             try:
                 value = stage(value)
             except Exception as exc:
                 raise stage_error(i, 0, "forward", exc) from exc
-            specs.append(spec_of(value, f"output of stage {i}"))
-    return Layout(spec_of(x, "sample 0"), tuple(specs[:-1]), specs[-1], target)
+            specs.append(spec_of(value, f"output of stage {i}", strides=True))  # handed on in its strides
+    return Layout(sample, tuple(specs[:-1]), specs[-1], target)

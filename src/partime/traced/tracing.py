@@ -13,8 +13,9 @@ pipeline's ``sample=`` (``traced.exporting``), and its ops are cut as fx's nodes
 ``nn.Sequential`` of ``traced.segment.Segment`` layers, one per computing node, so that every
 executor, grad mode, checkpoint and the balancer work on it as on any ``nn.Sequential``; running
 them one after another runs the graph's own ops in its order, so the outputs are the model's to the
-bit on CPU (what crosses a cut between stages arrives as a contiguous copy: a view of another
-layout, a transpose, crossing one may compute in other bits after it).
+bit on CPU (what crosses a cut between stages arrives in the strides it left with, a
+``channels_last`` or transposed value as it is; only a view with gaps, a slice, arrives as a dense
+copy, on which what follows the cut may compute other bits).
 
 ``layers_of(model)`` promises those layers or a TypeError, raised when a Pipeline is made, naming
 what cannot be cut and, where fx gives it, the source line, with the fix:

@@ -137,7 +137,8 @@ class Channel:
         # Header per slot: kind, index, number of tensors sent (0 or len(specs)).
         self._header = torch.zeros(capacity * 3, dtype=torch.int64).share_memory_()
         self._scalar = torch.zeros(capacity, dtype=torch.float64).share_memory_()
-        self._buffers = tuple(torch.zeros((capacity, *spec.shape), dtype=spec.dtype).share_memory_() for spec in specs)
+        # each slot in its spec's strides: a channels_last activation crosses without a copy into another layout
+        self._buffers = tuple(spec.zeros(capacity).share_memory_() for spec in specs)
         self._free = ctx.Semaphore(capacity)
         self._filled = ctx.Semaphore(0)
         self._put_at = 0
