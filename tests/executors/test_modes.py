@@ -189,3 +189,25 @@ def test_a_channels_last_activation_crosses_a_cut_in_its_own_strides(executor):
     for s, (out, x) in enumerate(zip(outputs, xs)):
         assert torch.equal(out, plain(model, x)), (s, (out - plain(model, x)).abs().max().item())
     assert model[:4](xs[0]).is_contiguous(memory_format=torch.channels_last)  # what crosses the cut
+
+
+class Doubled(nn.Module):
+    """A parametrization: the weight used is twice the one stored."""
+
+    def forward(self, weight):
+        return 2 * weight
+
+
+@pytest.mark.parametrize("depth", [2, 3])
+def test_a_parametrized_module_that_cannot_travel_to_a_worker_process_is_refused_by_name(depth):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4), nn.Linear(4, 2))
+    torch.nn.utils.parametrize.register_parametrization(model[2], "weight", Doubled())
+    balance = [3, 1] if depth == 2 else [1, 2, 1]
+    xs = [torch.randn(2, 4) for _ in range(3)]
+    with pytest.raises(TypeError, match=r"holds parametrized modules \(2: .*executor='thread'"):
+        with partime.Pipeline(model, balance, threads=1) as pipe:
+            list(pipe.stream(xs))
+    with partime.Pipeline(model, balance, executor="thread", threads=1) as pipe:  # the way out it names
+        outputs = [r.output for r in pipe.stream(xs)]
+    assert all(torch.equal(out, plain(model, x)) for out, x in zip(outputs, xs))

@@ -20,6 +20,8 @@ from multiprocessing.reduction import ForkingPickler
 from typing import Any, ClassVar
 
 import cloudpickle
+from torch import nn
+from torch.nn.utils import parametrize
 
 
 class SharingPickler(cloudpickle.Pickler):
@@ -38,6 +40,7 @@ class ByValue:
     reported like any failure of the stage, not a crash of the process's start-up."""
 
     def __init__(self, value: Any):
+        _check_picklable(value)
         self._value = value
         self._data: bytes | None = None
 
@@ -48,6 +51,23 @@ class ByValue:
 
     def load(self) -> Any:
         return self._value if self._data is None else pickle.loads(self._data)
+
+
+def _check_picklable(value: Any) -> None:
+    """A TypeError, before any process starts, if ``value`` holds a module that torch refuses to
+    pickle: one with a parametrization (``torch.nn.utils.parametrize``, as
+    ``torch.nn.utils.parametrizations.weight_norm`` makes), whose class torch makes on the fly."""
+    if not isinstance(value, nn.Module):
+        return
+    held = [name or "the stage itself" for name, module in value.named_modules() if parametrize.is_parametrized(module)]
+    if held:
+        raise TypeError(
+            f"a stage to run in a worker process holds parametrized modules ({', '.join(held)}: "
+            "torch.nn.utils.parametrize, as parametrizations.weight_norm or spectral_norm make), which torch "
+            "cannot pickle, so the stage cannot travel to its process. Use executor='thread' (or 'inline'), or "
+            "remove the parametrization first: torch.nn.utils.parametrize.remove_parametrizations(module, "
+            "'weight', leave_parametrized=True) keeps the weight it computes"
+        )
 
 
 def _from_bytes(data: bytes) -> ByValue:
