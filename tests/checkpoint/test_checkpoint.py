@@ -411,14 +411,81 @@ def test_a_checkpoint_of_another_pipeline_is_refused_naming_both_values():
             pipe.load_state_dict({"weights": torch.ones(2)})
 
 
-def test_a_checkpoint_with_another_optimizer_is_refused_naming_both():
-    with pipeline("inline", 2, **learning("stash", "sgd")) as pipe:
+def refused_changes_nothing(make, state, message, executor="inline"):
+    """A pipeline made by ``make(executor)`` refuses ``state`` with ``message`` after 4 samples, and
+    then learns on exactly as one that was never given it: weights, counters, results."""
+    with make(executor) as pipe:
+        reference = play(pipe, ACTIONS[:8]), pipe.module
+    with make(executor) as pipe:
+        results = play(pipe, ACTIONS[:4])
+        before = [p.detach().clone() for p in pipe.module.parameters()]
+        with pytest.raises(CheckpointError, match=message):
+            pipe.load_state_dict(state)
+        assert all(torch.equal(p, q) for p, q in zip(pipe.module.parameters(), before, strict=True))
+        assert pipe.fed == 4
+        results += play(pipe, ACTIONS[4:8])
+        assert_same((results, pipe.module), reference)
+
+
+@pytest.mark.parametrize("executor", ["inline", "process"])
+def test_a_checkpoint_with_another_optimizer_is_refused_naming_both(executor):
+    with pipeline("inline", 2, **learning("stash", "adam")) as pipe:
         play(pipe, ACTIONS[:3])
         state = pipe.state_dict()
-    with pipeline("inline", 2, **learning("stash", "adam")) as pipe:
-        pipe.load_state_dict(state)
-        with pytest.raises(ValueError, match="stage 0: the checkpoint's optimizer is SGD, this stage's is Adam"):
-            play(pipe, ACTIONS[3:4])
+    message = "the checkpoint is of another pipeline: its stage 0 learns with 'Adam', this pipeline's with 'SGD'"
+    refused_changes_nothing(lambda ex: pipeline(ex, 2, **learning("stash", "sgd")), state, message, executor)
+
+
+def two_widths(width=8, seed=0):
+    """Stage 0 (``[2, 3]``) is alike for every ``width``; stage 1's weights are not."""
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, width), nn.ReLU(), nn.Linear(width, 3))
+
+
+@pytest.mark.parametrize("executor", ["inline", "process"])
+def test_a_checkpoint_whose_later_stage_does_not_fit_changes_nothing(executor):
+    with partime.Pipeline(two_widths(16, seed=1), [2, 3], executor="inline", **learning("stash")) as pipe:
+        play(pipe, ACTIONS[:3])
+        state = pipe.state_dict()
+
+    def make(ex):
+        return partime.Pipeline(two_widths(8), [2, 3], executor=ex, threads=1, **learning("stash"))
+
+    refused_changes_nothing(make, state, "the weights of stage 1 do not fit this model", executor)
+
+
+def test_an_optimizer_state_of_other_parameter_groups_is_refused_at_load():
+    def grouped(params):  # the weights and the biases in two groups
+        return torch.optim.SGD(
+            [{"params": [p for p in params if p.dim() > 1]}, {"params": [p for p in params if p.dim() <= 1]}], lr=0.05
+        )
+
+    with pipeline("inline", 2, **dict(learning("stash"), optimizer=grouped)) as pipe:
+        play(pipe, ACTIONS[:3])
+        state = pipe.state_dict()
+    message = (
+        "stage 0 of the checkpoint does not fit this pipeline: ValueError: loaded state dict has a different number"
+    )
+    refused_changes_nothing(lambda ex: pipeline(ex, 2, **learning("stash")), state, message)
+
+
+class Weighted(nn.Module):
+    """A loss with parameters: mean squared error of the classes' scores, one learnt weight each."""
+
+    def __init__(self, classes=3):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(classes))
+
+    def forward(self, output, target):
+        return (self.weight[: output.shape[-1]] * (output - nn.functional.one_hot(target, 3)) ** 2).mean()
+
+
+def test_a_loss_of_other_parameters_is_refused_at_load():
+    with pipeline("inline", 2, **dict(learning("stash"), loss_fn=Weighted(4))) as pipe:
+        play(pipe, ACTIONS[:3])
+        state = pipe.state_dict()
+    message = r"stage 1 of the checkpoint does not fit this pipeline: RuntimeError: (.|\n)*size mismatch for weight"
+    refused_changes_nothing(lambda ex: pipeline(ex, 2, **dict(learning("stash"), loss_fn=Weighted(3))), state, message)
 
 
 def test_an_executor_without_checkpoints_says_so(monkeypatch):

@@ -187,6 +187,10 @@ INCONSISTENT = {
         for key in ("identity", "counters", "layout", "held", "stages", "transit")
     },
     "no counters.taken": (remove("counters", "taken"), "it has no counters.taken"),
+    "targets given without a target layout": (
+        put("identity", "target", value=None),
+        "targets given (given), but no identity.target to read them by",
+    ),
     "no transit.tick": (remove("transit", "tick"), "it has no transit.tick"),
 }
 
@@ -225,6 +229,16 @@ def test_a_cut_that_does_not_fit_the_model_is_refused_before_anything_changes(tm
         assert str(raised.value).startswith(f"{path}: ") and isinstance(raised.value.__cause__, ValueError)
         assert pipe.partition is None
         assert [r.index for r in pipe.stream(XS[:3], YS[:3])] == [0, 1, 2]
+
+
+def test_a_checkpoint_refused_by_a_fresh_pipeline_leaves_its_weights_as_they_were(tmp_path):
+    path = edited(tmp_path, put("identity", "target", value=None))  # what a fresh pipeline cannot compare
+    with pipeline(seed=1) as pipe:
+        before = [p.detach().clone() for p in pipe.module.parameters()]
+        with pytest.raises(CheckpointError, match=r"it has \d+ targets given.* but no identity.target"):
+            pipe.load_state_dict(torch.load(path, weights_only=True))
+        assert all(torch.equal(p, q) for p, q in zip(pipe.module.parameters(), before, strict=True))
+        assert pipe.fed == 0 and pipe.partition.balance == (2, 1)
 
 
 def test_a_refused_checkpoint_leaves_a_running_pipeline_as_it_was(tmp_path):

@@ -23,8 +23,9 @@ gives exactly the results of a run that never stopped::
 
 Everything in it is a tensor, a number, a string, a bool, None, or a list or dict of those, so
 ``torch.load(weights_only=True)`` reads it without running any code. ``load`` and
-``load_state_dict`` refuse one whose parts contradict each other (``check_contents``, in ``checkpoint.format``) with a
-``CheckpointError``, before anything of the pipeline changes: a damaged file never reaches the stages.
+``load_state_dict`` refuse one whose parts contradict each other (``check_contents``, in ``checkpoint.format``), or
+whose stages do not load into this pipeline's (``check_fits``), with a ``CheckpointError``, before anything of
+the pipeline changes: a damaged file never reaches the stages.
 
 Under the distributed executor rank 0 holds the checkpoint (it gathers every rank's part) and
 gives each rank its part when it resumes; on the other ranks ``state_dict`` is None and ``save``,
@@ -33,10 +34,12 @@ gives each rank its part when it resumes; on the other ranks ``state_dict`` is N
 
 from __future__ import annotations
 
+import copy
 import io
 import os
 import pickle
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, overload
 
@@ -44,7 +47,7 @@ import torch
 from torch import Tensor, nn
 
 from ..core.boundary_layout import Layout
-from ..core.boundary_values import TensorSpec, ValueSpec, as_tensors, rebuild
+from ..core.boundary_values import TensorSpec, ValueSpec, as_tensors, copy_tensors, rebuild
 from ..core.stage import Stage, StageConfig
 from ..pipeline.state import PipelineState
 from ..result import Result
@@ -183,19 +186,57 @@ def from_checkpoint(checkpoint: Mapping[str, Any]) -> PipelineState:
     given = checkpoint.get("given", ())
     if given:
         y_spec = state.y_spec
-        if y_spec is None:
-            raise CheckpointError(f"damaged checkpoint: it has {len(given)} targets given but no identity.target")
+        assert y_spec is not None, "check_contents refuses targets given without identity.target"
         state.given.extend((g["sample"], rebuild(y_spec, tuple(g["tensors"]))) for g in given)
     return state
 
 
+def check_fits(stages: list[nn.Module], checkpoint: Mapping[str, Any], config: StageConfig) -> None:
+    """Raise a ``CheckpointError`` unless every stage of ``checkpoint`` (one that ``check_state``
+    passed) loads into a stage of ``stages`` made with ``config``, as the executor will load it.
+
+    Each stage is tried on copies (of its layers, of a loss with parameters, of the checkpoint's
+    part), one at a time, before anything of the pipeline changes: weights that do not fit, another
+    optimizer, an optimizer state of other parameter groups, a loss of other parameters, a kept
+    forward that does not run are refused here, never at the next sample with half of the pipeline
+    loaded. The message names the stage and, for the optimizer, both classes.
+    """
+    loss_fn = config.loss_fn
+    if isinstance(loss_fn, nn.Module) and any(p.requires_grad for p in loss_fn.parameters()):
+        config = replace(config, loss_fn=copy.deepcopy(loss_fn))  # a stage loads the loss's parameters into it
+    # a trial draws nothing from the caller's random stream (rebuilding a kept forward may draw)
+    with torch.random.fork_rng(devices=[]):
+        for i, (module, saved) in enumerate(zip(stages, checkpoint["stages"])):
+            trial = copy.deepcopy(module)
+            try:
+                trial.load_state_dict(saved["module"])
+            except RuntimeError as exc:
+                raise CheckpointError(f"the weights of stage {i} do not fit this model: {exc}") from exc
+            stage = Stage(i, trial, config)
+            mine, theirs = type(stage.optimizer).__name__, saved.get("optimizer_class")
+            if theirs != mine:
+                raise CheckpointError(
+                    f"the checkpoint is of another pipeline: its stage {i} learns with {_optimizer(theirs)}, "
+                    f"this pipeline's with {_optimizer(mine)}; load it into a pipeline made with the optimizer "
+                    "factory it was made with (an optimizer's state means nothing to another kind of optimizer)"
+                )
+            try:
+                stage.load_state_dict(copy_tensors(dict(saved)))
+            except Exception as exc:
+                raise CheckpointError(
+                    f"stage {i} of the checkpoint does not fit this pipeline: {type(exc).__name__}: {exc}"
+                ) from exc
+
+
+def _optimizer(name: Any) -> str:
+    """An optimizer's class name as a checkpoint keeps it, in a message."""
+    return "no optimizer" if name == "NoneType" else repr(name)
+
+
 def load_weights(stages: list[nn.Module], checkpoint: Mapping[str, Any]) -> None:
-    """Load each stage's weights from ``checkpoint``; a ``CheckpointError`` naming a stage they do not fit."""
-    for i, (module, stage) in enumerate(zip(stages, checkpoint["stages"])):
-        try:
-            module.load_state_dict(stage["module"])
-        except RuntimeError as exc:
-            raise CheckpointError(f"the weights of stage {i} do not fit this model: {exc}") from exc
+    """Load each stage's weights from ``checkpoint``, which ``check_fits`` passed."""
+    for module, stage in zip(stages, checkpoint["stages"]):
+        module.load_state_dict(stage["module"])
 
 
 def save(state: Mapping[str, Any], path: str | os.PathLike[str]) -> None:
@@ -280,6 +321,7 @@ __all__ = [
     "VERSION",
     "CheckpointError",
     "check_contents",
+    "check_fits",
     "check_state",
     "from_bytes",
     "from_checkpoint",

@@ -50,7 +50,8 @@ def check_contents(state: Any) -> None:
     were not handed out (``max(0, in_segment - (depth - 1)) - taken``), in increasing sample
     order; there is one stage state per stage; and values are in transit (``transit["tick"] ==
     in_segment``, one activation and one gradient slot per stage) exactly when a segment has
-    begun. Sample indices need not be consecutive. The message names the part
+    begun; targets are given only with an identity.target to read them by. Sample indices need not
+    be consecutive. The message names the part
     (``counters.taken``) and the values involved.
     """
     if not isinstance(state, Mapping) or state.get("format") != FORMAT:
@@ -166,7 +167,12 @@ def check_contents(state: Any) -> None:
                     _check_message(value, f"transit.{key}[{i}]", next_index)
         for i, value in enumerate(_part(transit, "transit.targets", _is_list, "a list")):
             _check_message(value, f"transit.targets[{i}]", next_index, tensors=True)
-    for i, value in enumerate(_part(state, "given", _is_list, "a list") if "given" in state else ()):
+    given = _part(state, "given", _is_list, "a list") if "given" in state else ()
+    if given and identity.get("target") is None:
+        raise CheckpointError(
+            f"damaged checkpoint: it has {len(given)} targets given (given), but no identity.target to read them by"
+        )
+    for i, value in enumerate(given):
         _check_message(value, f"given[{i}]", next_index, tensors=True)
     previous = -1
     for k, index in enumerate(_part(state, "dropped", _is_list, "a list") if "dropped" in state else ()):

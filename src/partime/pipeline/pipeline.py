@@ -116,11 +116,6 @@ class Pipeline:
     no gradient is applied for it. In both cases no stage steps for that sample (SPEC: "a stage
     that received no gradient in a tick does not step"); every other sample is unaffected.
 
-    Every module of ``model`` runs in the mode it is in when the pipeline is made (``train()`` or
-    ``eval()``, module by module), in every stage, under every executor and after a checkpoint is
-    loaded; a traced graph keeps what the forward chose on ``self.training`` as it was traced. To
-    switch, make a new pipeline from ``pipe.module`` after ``.eval()`` or ``.train()``.
-
     The pipeline works on its own copy of ``model``: the model given is never changed, and a
     second pipeline made from it starts from the same weights. ``module`` gives the trained
     weights back (``model.load_state_dict(pipe.module.state_dict())`` to train it in place).
@@ -533,8 +528,10 @@ class Pipeline:
         layout (a ``CheckpointError`` names what differs, with both values) and a model of the same
         architecture, whose weights are replaced. It may be new or open; if its stages are running
         they stop, and stages start from ``state`` at the next sample or ``flush()``. A ``state``
-        whose parts contradict each other (``check_contents``), or whose identity or cut does not
-        fit this pipeline, raises a ``CheckpointError`` before anything of this pipeline changes.
+        whose parts contradict each other (``check_contents``), whose identity or cut does not fit
+        this pipeline, or whose stages do not load into this pipeline's (``check_fits``: weights,
+        optimizer kind and state, a loss's parameters), raises a ``CheckpointError`` before anything
+        of this pipeline changes: its weights, counters and running stages are as they were.
         """
         self._check_checkpoints()
         expected = self._identity()
@@ -547,6 +544,9 @@ class Pipeline:
         except (TypeError, ValueError) as exc:
             raise CheckpointError(f"the checkpoint's cut does not fit this model: {exc}") from exc
         state = copy_tensors(dict(state))
+        # every check before the first change: each stage tried on copies, the counters read
+        checkpoint.check_fits(modules, state, self._config)
+        loaded = checkpoint.from_checkpoint(state)
         if self._executor is not None:
             self._executor.close()
             self._executor = None
@@ -554,7 +554,7 @@ class Pipeline:
         if self._partition is None or list(self._partition.balance) != balance:
             self._partition = Partition(tuple(balance))
         checkpoint.load_weights(modules, state)
-        self._state = checkpoint.from_checkpoint(state)
+        self._state = loaded
 
     @on_rank_0()
     def save(self, path: str | os.PathLike[str]) -> None:
