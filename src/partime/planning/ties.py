@@ -111,9 +111,13 @@ def check_ties(model: nn.Sequential, balance: int | Sequence[int]) -> None:
 def held_together(model: nn.Sequential, cuts: Collection[int]) -> str:
     """Why no cut may fall at ``cuts`` (positions of ``tied_cuts(model)``), in words: each run of
     layers around them that must stay in one stage, and the tensor its children share."""
-    n, ties, nodes = len(model), tied_cuts(model), _nodes(model)
+    return "; ".join(_held(len(model), tied_cuts(model), _nodes(model), cuts))
+
+
+def _held(n: int, ties: dict[int, Tie], nodes: Sequence[str] | None, cuts: Collection[int]) -> list[str]:
+    """For each run of layers around ``cuts`` that must stay in one stage, in order: why, in words."""
     runs = sorted({_block(n, k, ties) for k in cuts})
-    return "; ".join(f"{_layers(a, b, nodes)} must stay in one stage ({_tie_text(ties[a + 1])})" for a, b in runs)
+    return [f"{_layers(a, b, nodes)} must stay in one stage ({_tie_text(ties[a + 1])})" for a, b in runs]
 
 
 def _nodes(model: nn.Sequential) -> list[str] | None:
@@ -199,8 +203,7 @@ def _cuts_a_tie(n: int, balance: list[int], cut: int, ties: dict[int, Tie], node
 def _too_tied(n: int, depth: int, ties: dict[int, Tie], nodes: Sequence[str] | None) -> str:
     """Why no cut of ``n`` layers into ``depth`` stages keeps every tie in one stage."""
     allowed = [k for k in range(1, n) if k not in ties]
-    runs = [_block(n, k, ties) for k in ties if k - 1 not in ties]  # one per run of tied cuts
-    reasons = [f"{_layers(a, b, nodes)} must stay in one stage ({_tie_text(ties[a + 1])})" for a, b in runs]
+    reasons = _held(n, ties, nodes, ties)
     if len(reasons) > 3:
         reasons[3:] = [f"{len(reasons) - 3} more such runs"]
     at_most = len(allowed) + 1
