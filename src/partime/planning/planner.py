@@ -170,17 +170,19 @@ def plan_timed(
 
 
 def _warn_if_tied_out(model: nn.Sequential, partition: Partition, forbidden: Collection[int]) -> None:
-    """Log a warning if the cut of ``partition`` (D stages of ``model``, profiled, avoiding the
-    ``forbidden`` tied cut positions) is predicted no ``AUTO_MARGIN`` faster than the model as one
-    stage, while a cut through a tie would be: the shared tensor keeps every useful cut out (a
-    tied language-model head cuts a transformer after its first node), and the user asked for a
-    pipeline. A warning, not an error: the results are right, and a refusal would turn on timings."""
+    """Log a warning if no cut of ``model`` into D stages that avoids the ``forbidden`` tied cut
+    positions (``partition`` is the one chosen, profiled) is predicted ``AUTO_MARGIN`` faster than
+    the model as one stage, while a cut through a tie would be: the shared tensor keeps every
+    useful cut out (a tied language-model head cuts a transformer after its first node), and the
+    user asked for a pipeline. A warning, not an error: the results are right, and a refusal would
+    turn on timings."""
     assert partition.layer_times is not None and partition.sequential_time is not None, "a profiled partition"
+    times, hops, overhead, depth = partition.layer_times, partition.hop_times, partition.overhead, partition.depth
     sequential, got = partition.sequential_time, _predicted(partition)
-    if got * (1 + AUTO_MARGIN) <= sequential:
-        return
-    times, hops, overhead = partition.layer_times, partition.hop_times, partition.overhead
-    free = Partition(best_split(times, partition.depth, hop_times=hops, overhead=overhead), times, hops, overhead)
+    allowed = best_split(times, depth, forbidden=forbidden, hop_times=hops, overhead=overhead)
+    if _predicted(Partition(allowed, times, hops, overhead)) * (1 + AUTO_MARGIN) <= sequential:
+        return  # some cut the ties allow is worth making (the one chosen is among the fast ones)
+    free = Partition(best_split(times, depth, hop_times=hops, overhead=overhead), times, hops, overhead)
     if _predicted(free) * (1 + AUTO_MARGIN) > sequential:  # no cut would help: not the tie's doing
         return
     scale, unit = time_unit(sequential)
