@@ -127,10 +127,10 @@ class Pipeline:
     layer a few times on ``sample`` (or the first sample) to time it, forward and, when learning,
     backward; with ``balance="auto"``, that for each depth's thread count, then, where a pipeline is
     predicted faster, its stages' ticks or a trial pipeline of its cut, and the model itself, for a
-    few seconds (``partime.planning.auto_check``). None of it draws from the caller's random stream or changes
-    the pipeline's weights and buffers, but a forward with a side effect outside the model (a
-    counter, a print) sees it: with a list balance, N + 1 calls for N samples, the first on sample 0
-    without gradients. A traced model runs its graph, not its forward: Python in its ``forward``
+    few seconds (``partime.planning.auto_check``). None of it draws from the caller's random stream
+    or changes the pipeline's weights and buffers, but a forward with a side effect outside the
+    model (a counter, a print) sees it: with a list balance, N + 1 calls for N samples, the first on
+    sample 0 without gradients. A traced model runs its graph, not its forward: Python in its ``forward``
     that computes no tensor runs when it is traced (and once more on ``sample=``, which checks the
     graph against the forward), never per sample.
 
