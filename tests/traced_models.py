@@ -688,3 +688,13 @@ def with_statistics(model, seed=0):
                 module.weight.copy_(0.5 + torch.rand(n, generator=gen))
                 module.bias.copy_(torch.rand(n, generator=gen) - 0.5)
     return model
+
+
+def add_one(module, args, output):
+    """A forward hook that changes what its module gives."""
+    return output + 1
+
+
+def doubled_input(module, args):
+    """A forward-pre hook that changes what its module is given."""
+    return (2 * args[0],)

@@ -211,3 +211,38 @@ def test_a_parametrized_module_that_cannot_travel_to_a_worker_process_is_refused
     with partime.Pipeline(model, balance, executor="thread", threads=1) as pipe:  # the way out it names
         outputs = [r.output for r in pipe.stream(xs)]
     assert all(torch.equal(out, plain(model, x)) for out, x in zip(outputs, xs))
+
+
+def hooked(where):
+    model = drop_norm("traced" if where != "sequential" else "sequential").eval()
+    if where == "sequential":
+        model.register_forward_hook(traced_models.add_one)
+    elif where == "root":
+        model.register_forward_pre_hook(traced_models.doubled_input)
+    return model
+
+
+@pytest.mark.parametrize("where", ["sequential", "root"])
+def test_hooks_on_a_module_whose_forward_the_pipeline_never_calls_are_refused_by_name(where):
+    with pytest.raises(TypeError, match=r"hooks on (Sequential|DropNorm) itself, which would never run"):
+        partime.Pipeline(hooked(where), 2, executor="inline", sample=rows(1)[0])
+
+
+def test_hooks_on_a_block_the_trace_goes_through_are_refused_by_name():
+    model = popular("resnet").eval()
+    model.layer1.register_forward_hook(traced_models.add_one)
+    with pytest.raises(TypeError, match=r"forward hooks on its module layer1 \(BasicBlock\), which would never run"):
+        partime.Pipeline(model, 2, executor="inline", sample=images(1)[0])
+
+
+@pytest.mark.parametrize("executor", EXECUTORS)
+def test_hooks_on_the_layers_run_in_every_executor(executor):
+    model = popular("resnet").eval()
+    model.layer1.bn1.register_forward_hook(traced_models.add_one)
+    model.fc.register_forward_pre_hook(traced_models.doubled_input)
+    xs = images(3)
+    outputs, _ = run(model, 3, xs, executor)
+    for s, (out, x) in enumerate(zip(outputs, xs)):
+        assert torch.equal(out, plain(model, x)), s
+    unhooked = popular("resnet").eval()
+    assert not torch.equal(outputs[0], plain(unhooked, xs[0]))

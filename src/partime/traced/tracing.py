@@ -34,6 +34,9 @@ what cannot be cut and, where fx gives it, the source line, with the fix:
   tensor has no other name used after it is computed as it is: ``out += identity`` and
   ``ReLU(inplace=True)`` in torchvision's ResNet, ``q *= scale`` on a chunk of a projection;
 - an output that is not a tensor or a flat tuple of tensors;
+- hooks (forward, forward-pre, backward) on the model itself or on a module the trace goes through
+  (``check_hooks``; an ``nn.Sequential``'s own too): partime never calls that module's forward, so
+  they would never run. Hooks on the modules the layers call run with them, in any executor;
 - one of torch's own layers as the model (it is kept whole: wrap it in an ``nn.Sequential``).
 
 The fix for a part that cannot be traced is to keep it whole, as a leaf: trace the model with a
@@ -156,6 +159,7 @@ def layers_of(model: nn.Module, sample: Any = None) -> nn.Sequential:
     is traced by torch.export on ``sample``, where one is given (``traced.exporting``): its
     segments hold the model's own tensors, and the graph its shapes."""
     if isinstance(model, nn.Sequential):
+        check_hooks(model, [name for name, _ in model.named_children()])
         return model
     if not isinstance(model, nn.Module):
         raise TypeError(
@@ -182,7 +186,42 @@ def layers_of(model: nn.Module, sample: Any = None) -> nn.Sequential:
             graph = source.graph
     _check(graph, model)
     check_writes(graph, model)
+    if source is model:  # an exported graph ran each module's hooks as it was traced: they are in it
+        check_hooks(model, [str(n.target) for n in graph.nodes if n.op == "call_module"])
     return build(source, graph, where, forward)
+
+
+def check_hooks(model: nn.Module, called: list[str]) -> None:
+    """A TypeError naming a module of ``model`` that has hooks (forward, forward-pre or backward)
+    but whose forward the layers never call, so that its hooks would never run: ``model`` itself,
+    or a module that the trace went through. ``called`` names the modules the layers call, whose
+    submodules run inside them."""
+    for name, module in model.named_modules():
+        kinds = [kind for kind, hooks in _hooks(module) if hooks]
+        if not kinds or any(name == c or name.startswith(c + ".") for c in called):
+            continue
+        whose = f"{name}'s" if name else "its"
+        what = f"{type(model).__name__} itself" if not name else f"its module {name} ({type(module).__name__})"
+        fix = (
+            "register them on its layers (a pre-hook on the first, a hook on the last)"
+            if not name
+            else f"register them on the modules inside it, or {LEAF_FIX}"
+        )
+        raise TypeError(
+            f"the model has {' and '.join(kinds)} hooks on {what}, which would never run: partime runs the "
+            f"model's layers (an nn.Sequential's children, the modules a trace calls), never {whose} "
+            f"forward as a whole. To keep them, {fix}"
+        )
+
+
+def _hooks(module: nn.Module) -> list[tuple[str, Any]]:
+    """The hooks ``module`` holds, by kind (torch keeps them in dicts of the module)."""
+    return [
+        ("forward", module._forward_hooks),
+        ("forward-pre", module._forward_pre_hooks),
+        ("backward", module._backward_hooks),
+        ("backward-pre", module._backward_pre_hooks),
+    ]
 
 
 EXPORT_HINT = (
