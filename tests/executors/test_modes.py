@@ -4,11 +4,18 @@ loaded. In eval mode a pipeline without a loss gives ``model(x)`` to the bit; in
 drawing, BatchNorm on batch statistics) it gives what the inline executor gives."""
 
 import copy
+import os
 import pickle
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 import torch
 import traced_models
+from test_distributed import join_on_localhost, reap
 from torch import nn
 
 import partime
@@ -246,3 +253,78 @@ def test_hooks_on_the_layers_run_in_every_executor(executor):
         assert torch.equal(out, plain(model, x)), s
     unhooked = popular("resnet").eval()
     assert not torch.equal(outputs[0], plain(unhooked, xs[0]))
+
+
+# -- the distributed executor: ranks started as processes running this file (as test_distributed's) ----
+
+
+def rank_main(out):
+    """On every rank: the traced drop_norm model in eval() and in train(), then the sequential one in
+    eval() on rank 0 and train() on the others (rank 0's mode is the pipeline's); rank 0 saves the outputs."""
+    depth, rank = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
+    join_on_localhost(depth, rank)
+    torch.set_num_threads(1)
+    xs, seen = rows(), {}
+    for mode in ("eval", "train"):
+        seen[mode] = run(drop_norm("traced").train(mode == "train"), depth, xs, "distributed")[0]
+    model = drop_norm("sequential").train(rank != 0)  # in eval() on rank 0 only; the last stage has a Dropout
+    seen["rank 0's mode"] = run(model, depth, xs, "distributed")[0]
+    if rank == 0:
+        torch.save(seen, Path(out, "seen.pt"))
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch_ranks(out, depth, timeout=90.0):
+    """Run ``rank_main`` on ``depth`` ranks on localhost; each rank's exit code and log."""
+    port, procs, logs = free_port(), [], []
+    for rank in range(depth):
+        env = dict(
+            os.environ,
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            RANK=str(rank),
+            WORLD_SIZE=str(depth),
+            LOCAL_RANK=str(rank),
+            LOCAL_WORLD_SIZE=str(depth),
+            GLOO_SOCKET_IFNAME="lo",
+            OMP_NUM_THREADS="1",
+            PYTHONPATH=os.pathsep.join([str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")]),
+        )
+        logs.append(Path(out, f"rank{rank}.log"))
+        with open(logs[-1], "w") as log:
+            procs.append(
+                subprocess.Popen([sys.executable, __file__, str(out)], env=env, stdout=log, stderr=subprocess.STDOUT)
+            )
+    deadline = time.monotonic() + timeout
+    try:
+        while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        reap(procs)
+    return [p.returncode for p in procs], [log.read_text() for log in logs]
+
+
+@pytest.mark.parametrize("depth", [2, 3])
+def test_the_distributed_executor_keeps_every_modules_mode(depth, tmp_path):
+    codes, logs = launch_ranks(tmp_path, depth)
+    assert codes == [0] * depth, "\n\n".join(logs)
+    seen = torch.load(Path(tmp_path, "seen.pt"), weights_only=False)
+    xs = rows()
+    model = drop_norm("traced").eval()
+    for s, (out, x) in enumerate(zip(seen["eval"], xs)):
+        assert torch.equal(out, plain(model, x)), s
+    model = drop_norm("sequential").eval()
+    for s, (out, x) in enumerate(zip(seen["rank 0's mode"], xs)):  # the other ranks' models were in train()
+        assert torch.equal(out, plain(model, x)), s
+    inline = run(drop_norm("traced").train(), depth, xs, "inline")[0]
+    for s, (out, expected) in enumerate(zip(seen["train"], inline)):
+        assert torch.equal(out, expected), s
+
+
+if __name__ == "__main__":
+    rank_main(sys.argv[1])

@@ -18,7 +18,8 @@ tick; in inference, where no weight changes, ranks > 0 run as their inputs come)
 ticks ``pipe.module`` on rank 0 can fetch every stage's weights: each rank sends its stage's
 ``state_dict`` when asked (at every ``flush`` and every read of ``pipe.module``); optimizer states
 stay on their ranks. At the first sample rank 0 publishes the cut and every boundary's layout in
-the process group's store and sends each rank its stage's weights, so all ranks start alike.
+the process group's store and sends each rank its stage's weights, and the mode (``train()`` or
+``eval()``) of each of its modules, so all ranks start alike.
 
 Skipped samples (``nonfinite="skip"``) travel as the SKIP messages of ``run_segment``: rank 0 feeds
 a hole, and the links carry SKIPs with no tensors (or a result's output, for a skipped loss).
@@ -65,7 +66,7 @@ from ..messages import KIND_CHECKPOINT, KIND_PERMIT, KIND_SNAPSHOT, KIND_STATE
 from ..process.shared_memory import Aborted, wait
 from ..worker_loop import Links, Sent, Where, run_stage
 from .link import Permits
-from .plan import Plan, config_key, local_channel, state_specs, wires
+from .plan import Plan, config_key, local_channel, modes_of, state_specs, wires
 from .ranks import CLOSE_S, FAILED_CLOSE_S, Run, join_group
 from .serving import serve as serve_rank
 
@@ -114,6 +115,7 @@ class DistributedExecutor(Driver):
             tuple(state_specs(s) for s in self.stages),
             resumed=state is not None,
             random_state=None if config.random_state is None else config.random_state.numpy().tobytes(),
+            modes=tuple(modes_of(s) for s in self.stages),
         )
         if state is not None:
             for r in range(1, depth):

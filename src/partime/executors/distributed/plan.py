@@ -33,10 +33,16 @@ class Plan:
     states: tuple[tuple[tuple[str, TensorSpec], ...], ...]  # every stage's state_dict: names and layouts
     resumed: bool = False  # each rank's ``stage_resume`` is in the store, under "resume <rank>"
     random_state: bytes | None = None  # rank 0's random state when its pipeline was made: every stage's origin
+    modes: tuple[tuple[tuple[str, bool], ...], ...] = ()  # every stage's modules: names and train() or eval()
 
 
 def state_specs(module: nn.Module) -> tuple[tuple[str, TensorSpec], ...]:
     return tuple((k, TensorSpec(tuple(v.shape), v.dtype)) for k, v in module.state_dict().items())
+
+
+def modes_of(module: nn.Module) -> tuple[tuple[str, bool], ...]:
+    """Every module of ``module`` by name, with its ``training`` flag."""
+    return tuple((name, m.training) for name, m in module.named_modules())
 
 
 def config_key(config: StageConfig) -> dict[str, Any]:

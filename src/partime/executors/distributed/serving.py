@@ -1,7 +1,8 @@
 """The distributed executor on ranks > 0: serve one stage of the pipeline rank 0 starts.
 
 ``serve`` waits for rank 0's plan (``distributed.plan.Plan``), checks that this rank was given
-the same pipeline, takes rank 0's weights and runs ``worker_loop.run_stage`` until rank 0 closes the
+the same pipeline, puts each module of its stage in the mode rank 0's has (``train()`` or
+``eval()``: the pipeline's is rank 0's, as its weights are), takes rank 0's weights and runs ``worker_loop.run_stage`` until rank 0 closes the
 pipeline; meanwhile it answers rank 0's control link (permits, snapshots, checkpoints, close).
 """
 
@@ -22,7 +23,7 @@ from ..messages import KIND_CHECKPOINT, KIND_CLOSE, KIND_PERMIT, KIND_SNAPSHOT, 
 from ..process.shared_memory import POLL_S, Aborted, wait
 from ..worker_loop import Links, Sent, SentLog, Where, run_stage
 from .link import Permits
-from .plan import Plan, config_key, state_specs, wires
+from .plan import Plan, config_key, modes_of, state_specs, wires
 from .ranks import Run
 
 
@@ -43,6 +44,8 @@ def serve(rank: int, model: nn.Sequential, config: StageConfig, threads: int) ->
         check_balance(model, plan.balance)
         module = split(model, plan.balance)[rank]
         _check_plan(plan, rank, module, config)
+        for name, training in plan.modes[rank]:
+            module.get_submodule(name).training = training
     except ValueError as exc:
         health.fail(dict(stage=rank, sample=None, phase="start", message=str(exc), traceback=""))
         raise
@@ -143,4 +146,10 @@ def _check_plan(plan: Plan, rank: int, module: nn.Module, config: StageConfig) -
         raise ValueError(
             f"stage {rank} of the model differs between rank {rank} and rank 0: {here} on rank {rank}, "
             f"{there} on rank 0"
+        )
+    names, theirs_names = [k for k, _ in modes_of(module)], [k for k, _ in plan.modes[rank]]
+    if names != theirs_names:
+        raise ValueError(
+            f"stage {rank} of the model differs between rank {rank} and rank 0: modules {names} on rank {rank}, "
+            f"{theirs_names} on rank 0"
         )
