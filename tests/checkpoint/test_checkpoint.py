@@ -436,6 +436,21 @@ def test_a_checkpoint_with_another_optimizer_is_refused_naming_both(executor):
     refused_changes_nothing(lambda ex: pipeline(ex, 2, **learning("stash", "sgd")), state, message, executor)
 
 
+def test_a_checkpoint_that_kept_step_scales_in_the_lr_resumes_with_the_factory_lr():
+    compensation = ("step-scale", "lr-scale")
+    with pipeline("inline", 2, **learning("stash", compensation=compensation)) as pipe:
+        play(pipe, ACTIONS[:5])
+        state = pipe.state_dict()
+        expected = play(pipe, ACTIONS[5:8]), pipe.module
+    for stage in state["stages"]:  # as such a checkpoint was written: no lr_as_given, a scaled lr
+        del stage["lr_as_given"]
+        for group in stage["optimizer"]["param_groups"]:
+            group["lr"] = group["lr"] / 3 * 0.9
+    with pipeline("inline", 2, seed=1, **learning("stash", compensation=compensation)) as pipe:
+        pipe.load_state_dict(state)
+        assert_same((play(pipe, ACTIONS[5:8]), pipe.module), expected)
+
+
 def two_widths(width=8, seed=0):
     """Stage 0 (``[2, 3]``) is alike for every ``width``; stage 1's weights are not."""
     torch.manual_seed(seed)

@@ -7,6 +7,7 @@ from torch import nn
 
 import partime
 from partime.core.stage import Stage, StageConfig
+from partime.core.stage_learning import make_learning, step
 from partime.learning.compensation import (
     DELAY_CORRECTION_FLOOR,
     DelayCorrection,
@@ -15,34 +16,109 @@ from partime.learning.compensation import (
     check_compensation,
     delay,
     output_units,
-    scale_step_size,
+    step_scale,
 )
+from partime.learning.optimizer_state import OptimizerPrediction
 
 
 def test_delays_of_the_stages():
     assert [delay(i, 4) for i in range(4)] == [6, 4, 2, 0]
 
 
-def test_step_size_scale_anneals_from_lr_over_one_plus_delay_to_lr():
-    param = nn.Parameter(torch.zeros(1))
-    opt = torch.optim.SGD([param], lr=0.3)
-    scale = StepSizeScale(opt, delay=3, anneal_steps=4)
-    lrs = []
-    for _ in range(6):
-        scale.before_step()
-        lrs.append(opt.param_groups[0]["lr"])
+def test_step_size_scale_anneals_from_one_over_one_plus_delay_to_one():
+    scale = StepSizeScale(delay=3, anneal_steps=4)
+    factors = [scale.next_factor() for _ in range(6)]
     # (1 + 3) ** -(1 - k / 4) for k = 0, 1, 2, 3, then 1
-    assert lrs == pytest.approx([0.3 / 4, 0.3 / 4**0.75, 0.3 / 2, 0.3 / 4**0.25, 0.3, 0.3])
+    assert factors == pytest.approx([1 / 4, 1 / 4**0.75, 1 / 2, 1 / 4**0.25, 1, 1])
 
 
-def test_step_scale_divides_the_step_size_by_one_plus_the_delay_for_good():
-    opt = torch.optim.SGD(
-        [{"params": [nn.Parameter(torch.zeros(1))], "lr": 0.3}, {"params": [nn.Parameter(torch.zeros(1))], "lr": 0.1}]
-    )
-    scale_step_size(opt, delay=4)
-    assert [group["lr"] for group in opt.param_groups] == pytest.approx([0.3 / 5, 0.1 / 5])
-    scale_step_size(opt, delay=3, power=0.5)
-    assert opt.param_groups[0]["lr"] == pytest.approx(0.3 / 5 / 2)
+def test_step_scale_is_one_over_one_plus_the_delay():
+    assert step_scale(4) == pytest.approx(1 / 5)
+    assert step_scale(3, power=0.5) == pytest.approx(1 / 2)
+
+
+# -- step sizes and lr schedules --------------------------------------------------------------------
+
+
+def scheduled(make_schedule, lr=0.3, momentum=0.0):
+    """A factory of SGD whose lr follows ``make_schedule(optimizer)``, stepped after every optimizer
+    step by a step hook: how a schedule lives inside the factory of a pipeline."""
+
+    def factory(params):
+        optimizer = torch.optim.SGD(params, lr=lr, momentum=momentum)
+        schedule = make_schedule(optimizer)
+        optimizer.register_step_post_hook(lambda *_: schedule.step())
+        return optimizer
+
+    return factory
+
+
+def constant(optimizer):
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+
+
+def halved_every_two(optimizer):
+    return torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)
+
+
+def plain_sgd(params):
+    return torch.optim.SGD(params, lr=0.3)
+
+
+@pytest.mark.parametrize(
+    "executor, compensation",
+    [("inline", ("step-scale",)), ("inline", ("lr-scale",)), ("inline", "auto"), ("process", ("step-scale",))],
+)
+def test_a_constant_schedule_in_the_factory_changes_nothing(executor, compensation):
+    xs, ys = classification_stream(20)
+    runs = []
+    for factory in (plain_sgd, scheduled(constant)):
+        kw = dict(loss_fn=nn.CrossEntropyLoss(), optimizer=factory, compensation=compensation, threads=1)
+        with partime.Pipeline(mlp(), [3, 4], executor=executor, **kw) as pipe:
+            runs.append(([r.loss for r in pipe.stream(xs, ys)], list(pipe.module.parameters())))
+    (losses, weights), (scheduled_losses, scheduled_weights) = runs
+    assert scheduled_losses == losses
+    assert all(torch.equal(p, q) for p, q in zip(weights, scheduled_weights, strict=True))
+
+
+def stepped(compensation, factory, steps=6, depth=2):
+    """Stage 0 (delay 2 at ``depth`` 2) of one parameter at 0, stepped ``steps`` times with gradient 1;
+    the parameter and the lr its optimizer holds after."""
+    param = nn.Parameter(torch.zeros(1, dtype=torch.float64))
+    config = StageConfig(depth=depth, optimizer=factory, compensation=compensation)
+    learning = make_learning(0, config, [("w", param)])
+    for _ in range(steps):
+        step(learning, [param], [torch.ones(1, dtype=torch.float64)], None)
+    return param.item(), learning.optimizer.param_groups[0]["lr"]
+
+
+def test_step_scale_scales_each_step_of_a_schedule():
+    # StepLR halves the lr every 2 steps: 0.3, 0.3, 0.15, 0.15, 0.075, 0.075; step-scale takes a third of each
+    moved, lr = stepped(("step-scale",), scheduled(halved_every_two))
+    assert moved == pytest.approx(-(0.3 + 0.3 + 0.15 + 0.15 + 0.075 + 0.075) / 3, rel=1e-12)
+    assert lr == pytest.approx(0.3 / 8)  # the schedule's lr, unscaled: what a user reads back
+
+
+def test_lr_scale_scales_each_step_of_a_schedule():
+    lrs = [0.3, 0.3, 0.15, 0.15, 0.075, 0.075]
+    anneal = StepSizeScale(delay=2)
+    expected = -sum(lr * anneal.next_factor() for lr in lrs)
+    moved, lr = stepped(("lr-scale",), scheduled(halved_every_two))
+    assert moved == pytest.approx(expected, rel=1e-12)
+    assert lr == pytest.approx(0.3 / 8)
+
+
+def test_optimizer_prediction_foresees_the_scaled_steps_of_the_scheduled_lr():
+    param = nn.Parameter(torch.zeros(1, dtype=torch.float64))
+    half = scheduled(lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 0.5), lr=0.3, momentum=0.5)
+    config = StageConfig(depth=2, optimizer=half, compensation=("step-scale", "optimizer-prediction"))
+    learning = make_learning(0, config, [("w", param)])
+    assert isinstance(learning.predictor, OptimizerPrediction)
+    step(learning, [param], [torch.ones(1, dtype=torch.float64)], None)  # buf = 1, lr 0.15, a third of it
+    assert param.item() == pytest.approx(-0.05, rel=1e-12)
+    predicted = learning.predictor.predict()[0].item()
+    # two steps ahead, each a third of lr 0.15 along the momentum: 0.5 and 0.25 of buf
+    assert predicted == pytest.approx(-0.05 - 0.15 / 3 * (0.5 + 0.25), rel=1e-12)
 
 
 def test_weight_predictor_extrapolates_along_the_velocity():

@@ -124,6 +124,15 @@ def test_an_optimizer_subclass_whose_step_takes_an_optional_closure_is_accepted(
     check_optimizer_factory(lambda p: Logged(p, lr=0.1), (), [("w", param)])
 
 
+def test_an_optimizer_with_an_lr_schedule_is_accepted():
+    def factory(params):  # the schedule wraps the optimizer's step in one that reads as step(self, ...)
+        optimizer = torch.optim.SGD(params, lr=0.1)
+        torch.optim.lr_scheduler.StepLR(optimizer, step_size=2)
+        return optimizer
+
+    check_optimizer_factory(factory, (), [("w", nn.Parameter(torch.zeros(2, 2)))])
+
+
 def test_the_factory_is_called_on_copies_never_on_the_model_parameters():
     model = weights_only()
     seen = []

@@ -25,7 +25,8 @@ from ..learning.compensation import (
     WeightPredictor,
     chosen_compensation,
     delay,
-    scale_step_size,
+    scale_steps,
+    step_scale,
 )
 from ..learning.optimizer_state import (
     OptimizerPrediction,
@@ -44,13 +45,25 @@ log = logging.getLogger("partime.core.stage")
 
 
 class Learning(NamedTuple):
-    """A stage's optimizer (None: it does not learn) and its compensation objects (None: not chosen)."""
+    """A stage's optimizer (None: it does not learn) and its compensation objects (None: not chosen).
+
+    ``scale`` is ``"step-scale"``'s scale of every step (1.0: not chosen, or no delay); ``given_lrs``
+    each group's lr as the factory made it, for a checkpoint written when step scales were kept in
+    the lr (``load_compensation_state``).
+    """
 
     optimizer: torch.optim.Optimizer | None = None
     step_size: StepSizeScale | None = None
     predictor: WeightPredictor | OptimizerPrediction | None = None
     corrector: DelayCorrection | None = None
     spike: SpikeCompensation | None = None
+    scale: float = 1.0
+    given_lrs: tuple[Any, ...] = ()
+
+
+def step_factor(learning: Learning) -> float:
+    """How much of its optimizer's step the stage's next step takes (``"step-scale"`` times ``"lr-scale"``)."""
+    return learning.scale * (1.0 if learning.step_size is None else learning.step_size.factor())
 
 
 def make_learning(
@@ -67,27 +80,29 @@ def make_learning(
     params = [p for _, p in named]
     every = list(named) + list(extra)
     optimizer = _make_optimizer(index, config.optimizer, [n for n, _ in every], [p for _, p in every])
+    given_lrs = tuple(group["lr"] for group in optimizer.param_groups)
     tau = delay(index, config.depth)
     chosen = chosen_compensation(config.compensation, optimizer)
+    scale = step_scale(tau) if "step-scale" in chosen and tau > 0 else 1.0
     step_size: StepSizeScale | None = None
     predictor: WeightPredictor | OptimizerPrediction | None = None
     corrector: DelayCorrection | None = None
     spike: SpikeCompensation | None = None
-    if "step-scale" in chosen and tau > 0:
-        scale_step_size(optimizer, tau)
     if "lr-scale" in chosen:
-        step_size = StepSizeScale(optimizer, tau)
+        step_size = StepSizeScale(tau)
     if "weight-prediction" in chosen:
         predictor = WeightPredictor(params, tau)
     if "long-momentum" in chosen and tau > 0:
         lengthen_momentum(optimizer)
     if "optimizer-prediction" in chosen:
-        predictor = OptimizerPrediction(optimizer, params, tau)
+        # it foresees the steps the stage will take: the optimizer's, scaled as the stage scales them
+        scales = Learning(scale=scale, step_size=step_size)
+        predictor = OptimizerPrediction(optimizer, params, tau, scale=lambda: step_factor(scales))
     if "delay-correction" in chosen and tau > 0:
         corrector = DelayCorrection(named, optimizer=optimizer)  # it reads which way each group goes
     if "spike" in chosen and tau > 0:
         spike = SpikeCompensation(optimizer, params, tau)
-    return Learning(optimizer, step_size, predictor, corrector, spike)
+    return Learning(optimizer, step_size, predictor, corrector, spike, scale, given_lrs)
 
 
 def _make_optimizer(
@@ -129,13 +144,17 @@ def step(
     if learning.corrector is not None:
         assert anchor is not None
         learning.corrector.correct(anchor)
-    if learning.step_size is not None:
-        learning.step_size.before_step()
+    factor = learning.scale * (1.0 if learning.step_size is None else learning.step_size.next_factor())
+    # The step is scaled, not the lr: a schedule may set the lr during the step (a step hook),
+    # and neither undoes the other. At factor 1 (no delay) nothing is copied: the plain step.
+    before = [p.detach().clone() for p in params] if factor != 1.0 else None
     if learning.spike is not None:
         learning.spike.before_step()
     learning.optimizer.step()
     if learning.spike is not None:
         learning.spike.after_step()
+    if before is not None:
+        scale_steps(params, before, factor)
     for p in params:
         p.grad = None
     if isinstance(learning.predictor, WeightPredictor):
@@ -148,6 +167,8 @@ def compensation_state(learning: Learning) -> dict[str, Any]:
     state: dict[str, Any] = {
         "lr_scale_steps": None if step_size is None else step_size.steps,
         "prediction": None,
+        # the optimizer's lr is as given (by the factory or a schedule): the steps are scaled instead
+        "lr_as_given": True,
     }
     if isinstance(predictor, WeightPredictor):
         state["prediction"] = {
@@ -162,6 +183,16 @@ def load_compensation_state(learning: Learning, state: dict[str, Any]) -> None:
     step_size, predictor = learning.step_size, learning.predictor
     if step_size is not None:
         step_size.steps = state["lr_scale_steps"]
+    if (
+        not state.get("lr_as_given")
+        and learning.optimizer is not None
+        and (learning.scale != 1.0 or step_size is not None)
+    ):
+        # Written when step-scale and lr-scale were kept in the lr: its optimizer state holds the
+        # scaled lr, which the steps would be scaled by again. Such a run had no schedule (it undid
+        # them): its lr was the factory's.
+        for group, lr in zip(learning.optimizer.param_groups, learning.given_lrs):
+            group["lr"] = lr
     if isinstance(predictor, WeightPredictor):
         with torch.no_grad():
             for dst, src in zip(

@@ -7,17 +7,24 @@ optimizer's state (``"optimizer-prediction"``, ``"long-momentum"``, ``"spike"``)
 ``partime.learning.optimizer_state``. ``"auto"``, the default, chooses among them by the kind of optimizer
 (``AUTOMATIC``).
 
-``"step-scale"``: a delay-aware step size kept for good: stage ``i`` steps with
-    ``lr / (1 + τ_i) ** p``, ``p = STEP_SCALE_POWER = 1``. PipeMare's analysis (below) finds that
-    the largest stable step shrinks as the delay grows; a step size that suits sequential
-    learning best sits near the edge of stability, and there the delayed stages of the panning
-    camera diverge with every optimizer.
+``"step-scale"``: a delay-aware step size kept for good: each step of stage ``i`` moves its
+    weights by ``1 / (1 + τ_i) ** p`` of what its optimizer's step moved them (``p =
+    STEP_SCALE_POWER = 1``): for the optimizers whose step is proportional to ``lr`` (SGD with or
+    without momentum, Adam, AdamW, ...), a step with ``lr / (1 + τ_i) ** p``. PipeMare's analysis
+    (below) finds that the largest stable step shrinks as the delay grows; a step size that suits
+    sequential learning best sits near the edge of stability, and there the delayed stages of the
+    panning camera diverge with every optimizer.
 
 ``"lr-scale"``: delay-aware step size, after PipeMare (Yang et al., "PipeMare: Asynchronous
-    Pipeline Parallel DNN Training", MLSys 2021, learning-rate rescheduling). Stage ``i`` steps
-    with ``lr · (1 + τ_i) ** -(1 - min(k / K, 1))`` at its ``k``-th step: ``lr / (1 + τ_i)`` at
-    first, annealed to ``lr`` over ``K = LR_ANNEAL_STEPS`` steps, so deep stages, whose
+    Pipeline Parallel DNN Training", MLSys 2021, learning-rate rescheduling). The ``k``-th step of
+    stage ``i`` is scaled so, by ``(1 + τ_i) ** -(1 - min(k / K, 1))``: as with ``lr / (1 + τ_i)``
+    at first, annealed to ``lr`` over ``K = LR_ANNEAL_STEPS`` steps, so deep stages, whose
     gradients are the stalest, take small steps while the weights still move fast.
+
+Both scale the step the optimizer took, never its ``param_groups``' ``lr``: that stays the lr the
+factory gave, or that a schedule made in the factory sets (an ``LRScheduler`` stepped by a step
+hook of the optimizer), and the two compose: a delayed stage's step is its scale times the step
+with the scheduled lr.
 
 ``"weight-prediction"``: linear weight prediction, after Kosson et al., "Pipelined
     Backpropagation at Scale: Training Large Models without Batches" (MLSys 2021). A stage runs
@@ -133,21 +140,17 @@ def delay(stage: int, depth: int) -> int:
     return 2 * (depth - 1 - stage)
 
 
-def scale_step_size(optimizer: torch.optim.Optimizer, delay: int, power: float | None = None) -> None:
-    """Divide every group's step size by ``(1 + delay) ** power`` for good (``"step-scale"``)."""
-    factor = (1 + delay) ** -(STEP_SCALE_POWER if power is None else power)
-    for group in optimizer.param_groups:
-        group["lr"] = group["lr"] * factor
+def step_scale(delay: int, power: float | None = None) -> float:
+    """The scale of every step of a stage with ``delay`` under ``"step-scale"``: ``(1 + delay) ** -power``."""
+    return float((1 + delay) ** -(STEP_SCALE_POWER if power is None else power))
 
 
 class StepSizeScale:
-    """PipeMare's delay-aware step size for one stage's optimizer (``"lr-scale"``)."""
+    """PipeMare's delay-aware step size for one stage (``"lr-scale"``): the scale of each step."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, delay: int, anneal_steps: int | None = None):
-        self.optimizer = optimizer
+    def __init__(self, delay: int, anneal_steps: int | None = None):
         self.delay = delay
         self.anneal_steps = LR_ANNEAL_STEPS if anneal_steps is None else anneal_steps
-        self.base = [group["lr"] for group in optimizer.param_groups]
         self.steps = 0
 
     def factor(self) -> float:
@@ -155,12 +158,19 @@ class StepSizeScale:
         progress = min(self.steps / self.anneal_steps, 1.0)
         return float((1 + self.delay) ** -(1 - progress))
 
-    def before_step(self) -> None:
-        """Set every group's learning rate for the coming step."""
+    def next_factor(self) -> float:
+        """The scale of the step about to be taken; the one after is the next step's."""
         factor = self.factor()
-        for group, base in zip(self.optimizer.param_groups, self.base):
-            group["lr"] = base * factor
         self.steps += 1
+        return factor
+
+
+@torch.no_grad()
+def scale_steps(params: Sequence[Tensor], before: Sequence[Tensor], factor: float) -> None:
+    """Make the step that took ``params`` from ``before`` ``factor`` times as long.
+
+    ``θ = θ_before + factor · (θ − θ_before)``, as one ``lerp`` from ``θ`` toward ``θ_before``."""
+    torch._foreach_lerp_(list(params), list(before), 1.0 - factor)
 
 
 class WeightPredictor:

@@ -130,16 +130,18 @@ def check_steps_alone(optimizer: torch.optim.Optimizer, source: str) -> None:
     """A TypeError if ``optimizer.step()`` cannot be called without arguments (LBFGS's ``step``
     requires a closure, which evaluates the loss again, several times per step): a stage steps on
     the gradient of one sample, once, and has no closure to give."""
+    # The class's step, bound here: an lr scheduler wraps the instance's step in one whose
+    # signature, read through functools.wraps, is the unbound function's, self included.
     try:
-        signature = inspect.signature(optimizer.step)
+        signature = inspect.signature(type(optimizer).step)
     except (TypeError, ValueError):  # a step whose signature Python cannot read: it is taken as it is
         return
     try:
-        signature.bind()
+        signature.bind(optimizer)
     except TypeError:
         required = [
             n
-            for n, p in signature.parameters.items()
+            for n, p in list(signature.parameters.items())[1:]
             if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
         ]
         raise TypeError(
@@ -231,11 +233,18 @@ def _sign(group: dict) -> float:
 class OptimizerPrediction:
     """The weights ``delay`` steps ahead by the optimizer's momentum (``"optimizer-prediction"``)."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, params: Sequence[Tensor], delay: int):
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        params: Sequence[Tensor],
+        delay: int,
+        scale: Callable[[], float] | None = None,
+    ):
         check_optimizer(optimizer, "optimizer-prediction")
         self.optimizer = optimizer
         self.params = list(params)
         self.delay = delay
+        self.scale = scale  # how much of each of the optimizer's steps the stage takes (None: all)
 
     @torch.no_grad()
     def predict(self) -> list[Tensor]:
@@ -255,6 +264,8 @@ class OptimizerPrediction:
     def _shift(self, group: dict, params: list[Tensor], out: list[Tensor]) -> None:
         """Move ``out`` (copies of ``params``, of one group) along the group's next ``delay`` steps."""
         tau, lr = self.delay, float(group["lr"])  # buffers hold the sign the optimizer descends along
+        if self.scale is not None:
+            lr *= self.scale()
         states = [self.optimizer.state.get(p, {}) for p in params]
         if isinstance(self.optimizer, torch.optim.SGD):
             mu = float(group["momentum"])
