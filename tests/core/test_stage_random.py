@@ -2,12 +2,14 @@
 same forward (SPEC.md, "Random and stateful layers")."""
 
 import copy
+import threading
 
 import pytest
 import torch
 from torch import nn
 
 import partime
+from partime.core import stage_random
 
 MODES = ["stash", "weight-stash", "graph-stash"]  # partime mode's product is of another sample's forward
 EXECUTORS = ["inline", "thread", "process"]
@@ -209,3 +211,188 @@ def test_the_inline_executor_runs_at_the_stages_thread_count():
         assert torch.get_num_threads() == 2  # closing gives the caller its own back
     finally:
         torch.set_num_threads(before)
+
+
+def wide_dropout_model():
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Linear(6, 512), nn.Dropout(0.5), nn.Linear(512, 512), nn.Dropout(0.3), nn.Linear(512, 8), nn.Linear(8, 3)
+    )
+
+
+def drawn_lazily(executor, seed, depth, learning, steps=False):
+    """What a stream of samples drawn with ``torch.randn`` as the pipeline asks for them gives,
+    the caller drawing too between results: the samples, outputs, losses and trained weights."""
+    balance = {2: [3, 3], 3: [2, 2, 2]}[depth]
+    options = dict(loss_fn=lambda out: out.pow(2).mean(), optimizer=sgd, grad_mode="stash") if learning else {}
+    torch.manual_seed(seed)
+    samples, results = [], []
+
+    def lazily():
+        for _ in range(12):
+            samples.append(torch.randn(32, 6))
+            yield samples[-1]
+
+    with partime.Pipeline(wide_dropout_model(), balance, executor=executor, **options) as pipe:
+        if steps:
+            for x in lazily():
+                results.append(pipe.step(x))
+                torch.rand(500)  # the caller's own draws, between two steps
+            results += pipe.flush()
+        else:
+            for r in pipe.stream(lazily()):
+                results.append(r)
+                for _ in range(20):  # the caller's own draws, while the stream holds a result out
+                    torch.rand(50)
+        weights = [p.detach().clone() for p in pipe.module.parameters()]
+    results = [r for r in results if r is not None]
+    return samples, [r.output for r in results], [r.loss for r in results], weights, torch.rand(3)
+
+
+@pytest.mark.parametrize("depth", [2, 3])
+@pytest.mark.parametrize("learning", [False, True], ids=["inference", "learning"])
+def test_with_the_thread_executor_the_callers_draws_and_the_stages_are_the_inline_executors(depth, learning):
+    """The caller draws its samples (and more) from torch's generator while stage threads run
+    dropout: the samples, outputs, losses, weights and the caller's next draws are inline's, in
+    every one of several seeded runs (the threads' timing differs from run to run)."""
+    for seed in range(5):
+        inline = drawn_lazily("inline", seed, depth, learning)
+        assert_same_run(drawn_lazily("thread", seed, depth, learning), inline)
+    no_dropout = wide_dropout_model().eval()
+    with torch.no_grad():  # the stages did draw: dropout left its mark on the outputs
+        assert not torch.equal(inline[1][0], no_dropout(inline[0][0]))
+
+
+def test_a_caller_that_steps_keeps_its_draws_apart_from_the_stage_threads():
+    for seed in range(3):
+        assert_same_run(
+            drawn_lazily("thread", seed, 3, True, steps=True), drawn_lazily("inline", seed, 3, True, steps=True)
+        )
+
+
+def assert_same_run(got, expected):
+    samples, outputs, losses, weights, after = got
+    assert all(torch.equal(a, b) for a, b in zip(samples, expected[0], strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(outputs, expected[1], strict=True))
+    assert losses == expected[2]
+    assert all(torch.equal(a, b) for a, b in zip(weights, expected[3], strict=True))
+    assert torch.equal(after, expected[4])
+
+
+def test_two_thread_pipelines_in_one_thread_keep_the_callers_draws_apart():
+    """A stream fed by another stream, both through stage threads that draw: the caller's thread
+    waits inside one pipeline while the other's stages draw, and gets the inline executor's values."""
+
+    def chained(executor):
+        first, second = wide_dropout_model(), wide_dropout_model()
+        second[0] = nn.Linear(3, 512)
+        torch.manual_seed(4)
+        made = []
+
+        def lazily():
+            for _ in range(10):
+                made.append(torch.randn(8, 6))
+                yield made[-1]
+
+        with (
+            partime.Pipeline(first, [3, 3], executor=executor) as one,
+            partime.Pipeline(second, [2, 2, 2], executor=executor) as two,
+        ):
+            outputs = []
+            for r in two.stream(r.output for r in one.stream(lazily())):
+                outputs.append(r.output)
+                torch.rand(50)
+        return made, outputs, torch.rand(3)
+
+    for _ in range(2):
+        got, expected = chained("thread"), chained("inline")
+        assert all(torch.equal(a, b) for a, b in zip(got[0], expected[0], strict=True))
+        assert all(torch.equal(a, b) for a, b in zip(got[1], expected[1], strict=True))
+        assert torch.equal(got[2], expected[2])
+
+
+def stage_threads():
+    return [t for t in threading.enumerate() if t.name.startswith("partime-stage-")]
+
+
+@pytest.mark.parametrize("how", ["another thread", "garbage collector"])
+def test_a_pipeline_whose_stages_wait_for_the_callers_turn_closes_at_once(how):
+    """Stage threads that wait for the caller to hand its turn back (the caller runs its own code)
+    leave at once when the pipeline is closed from another thread, or collected unclosed."""
+    pipe = partime.Pipeline(wide_dropout_model(), [2, 2, 2], executor="thread", timeout=30).__enter__()
+    for _ in range(4):
+        pipe.step(torch.randn(4, 6))  # the stages have ticks to run: they wait for the caller's turn
+    if how == "another thread":
+        closer = threading.Thread(target=pipe.close)
+        closer.start()
+        closer.join(10)
+        assert not closer.is_alive()
+    else:
+        with pytest.warns(ResourceWarning, match="garbage-collected"):
+            pipe.__del__()  # what the collector runs, in whatever thread it runs in
+    assert not stage_threads()  # joined by close: none was left blocked on the turn
+    with stage_random.TURNS.swapping():  # the turn is free: nothing of the pipeline holds it
+        torch.rand(3)
+
+
+def test_turns_keep_a_stage_thread_from_drawing_while_its_caller_runs_the_users_code():
+    turns = stage_random.Turns()
+    caller = turns.call(drawers=1)
+    swapped, leave = threading.Event(), threading.Event()
+
+    def stage():
+        with turns.serving(caller, lambda: None), turns.swapping():
+            swapped.set()
+            leave.wait(10)
+
+    thread = threading.Thread(target=stage)
+    thread.start()
+    assert not swapped.wait(0.2)  # the caller runs the user's code: the stage waits
+    with turns.waiting(caller, timeout=10):
+        assert swapped.wait(10)  # inside partime's wait, the stage draws
+        leave.set()
+    thread.join(10)  # and the caller came out only once it was done: it holds the turn again
+    assert not thread.is_alive()
+    assert caller.drawers == 0  # its one stage thread ended: the caller holds nothing any more
+
+
+def test_turns_let_a_waiting_stage_thread_leave_when_its_pipeline_closes():
+    turns = stage_random.Turns()
+    caller = turns.call(drawers=1)
+    stop, left = threading.Event(), []
+
+    def check():
+        if stop.is_set():
+            raise RuntimeError("stopped")
+
+    def stage():
+        try:
+            with turns.serving(caller, check), turns.swapping():
+                left.append("drew")
+        except RuntimeError as exc:
+            left.append(str(exc))
+
+    thread = threading.Thread(target=stage)
+    thread.start()
+    stop.set()
+    thread.join(10)
+    assert left == ["stopped"]  # its check was asked while it waited: it did not draw
+
+
+def test_a_stage_thread_whose_first_forward_draws_nothing_frees_its_caller():
+    """No dropout: after its first forward the stage thread needs no turn, and its caller holds none."""
+    caller, seen = stage_random.TURNS.call(drawers=1), []
+    stream = stage_random.RandomStream(1, torch.get_rng_state())
+
+    def stage():
+        with stage_random.TURNS.serving(caller, lambda: None):
+            with stream.drawing():
+                torch.zeros(3).exp()  # draws nothing
+            seen.append(caller.drawers)
+
+    with stage_random.TURNS.waiting(caller, timeout=10):
+        thread = threading.Thread(target=stage)
+        thread.start()
+        thread.join(10)
+    stage_random.TURNS.close(caller)
+    assert seen == [0] and stream.draws is False

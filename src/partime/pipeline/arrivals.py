@@ -29,6 +29,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..core.stage_random import TURNS, SourceReads
 from ..sources import MONOTONIC, Clock, Paced
 
 log = logging.getLogger(__name__)
@@ -134,10 +135,15 @@ class Threaded:
     """Any iterable read by a thread of its own as fast as it yields, each item timed as it comes;
     a take waits for an item and keeps the newest one waiting (see the module docstring).
 
-    What the iterable raises is raised by the next take. ``close`` asks the thread to stop and
-    returns within ``JOIN_S``: the thread ends once the item it is reading has come. One that has
-    not come by then (a source that stalled in its iterator) is not waited for: the thread, a
-    daemon, is left blocked there and ends when the source yields, and a warning says so.
+    What the iterable raises is raised by the next take. Its ``next()`` holds a reader's turn at
+    torch's random stream (``stage_random.SourceReads``): what the source draws is its own, and a
+    stage's forward that draws waits for a read in progress; a source whose first read draws
+    nothing (a camera) is read without it from then on.
+
+    ``close`` asks the thread to stop and returns within ``JOIN_S``: the thread ends once the item
+    it is reading has come. One that has not come by then (a source that stalled in its iterator)
+    is not waited for: the thread, a daemon, is left blocked there and ends when the source yields,
+    and a warning says so; its turn is given up for it, so that no forward waits for it.
     """
 
     live = True
@@ -156,7 +162,12 @@ class Threaded:
 
     def _read(self) -> None:
         try:
-            for item in self._items:
+            # what the source draws from torch's random stream stays out of the stages' (stage_random)
+            reads = SourceReads(iter(self._items), TURNS)
+            while True:
+                item = reads.next(_END)
+                if item is _END:
+                    break
                 at = self.clock.now()
                 with self._ready:
                     if self._waiting is not None:
@@ -190,6 +201,7 @@ class Threaded:
         # after a short wait is blocked in it, and nothing the caller does can end that sooner.
         self._thread.join(JOIN_S)
         if self._thread.is_alive():
+            TURNS.stop_reading(self._thread.ident)  # what it draws once it wakes up is not kept apart any more
             log.warning(
                 "the stream has ended, but the thread reading its source (%s) is still blocked in the "
                 "source's iterator (it did not yield within %.1f s): it is a daemon thread, and it will "

@@ -26,6 +26,7 @@ from ..checkpoint import files as checkpoint
 from ..checkpoint.files import CheckpointError, layout_from_plain
 from ..core.boundary_values import ValueSpec, copy_tensors, nonfinite
 from ..core.stage import DEFAULT_GRAD_MODE, LossFn, OptimizerFactory, StageConfig, takes_target
+from ..core.stage_random import TURNS
 from ..errors import PipelineClosedError, StageError
 from ..executors import EXECUTORS, Executor
 from ..executors.base import READ_AHEAD
@@ -618,7 +619,9 @@ class Pipeline:
         checkpoint, if it is not running yet."""
         if self._executor is not None:
             return self._executor
-        with torch.random.fork_rng(devices=[]):  # planning and starting draw nothing from the caller's stream
+        # Planning and starting draw nothing from the caller's stream; and no other thread (a live
+        # source's reader) draws while they run, or its draws would be rolled back with theirs.
+        with TURNS.swapping(), torch.random.fork_rng(devices=[]):
             return self._guard(self._start, x, y)
 
     def _start(self, x: Any, y: Any) -> Executor:

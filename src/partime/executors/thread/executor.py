@@ -24,6 +24,11 @@ the last one, and its own back at ``close``.
 Python's part of a tick (the loop, the modules' calls) runs one thread at a time under the GIL;
 torch's kernels release it, so stages overlap as much as their kernels dominate.
 
+torch's random stream is one per process: the stage threads that draw (dropout) take turns at it
+with the caller, who holds it while it runs the user's code and gives it up only while it waits in
+a call of this executor (``stage_random.Turns``), so that what the caller draws (a sample made with
+``torch.randn``) and what each stage draws are what the inline executor draws, to the bit.
+
 Every stage runs on the CPU: ``check_devices`` refuses any other device (``cpu_only``).
 """
 
@@ -32,13 +37,16 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
 from ...core.stage import Stage
+from ...core.stage_random import TURNS, Caller
 from ...errors import StageError
+from ...result import Result
 from ..base import Layout, stage_error
 from ..caller_ends import Feeder
 from ..driver import JOIN_S, Driver
@@ -50,12 +58,15 @@ from ..worker_loop import Links, Sent, Where, run_stage
 
 log = logging.getLogger(__name__)
 
+_R = TypeVar("_R")
+
 
 class ThreadExecutor(Driver):
     """Runs each stage in a thread of the caller's process; see the module docstring."""
 
     cpu_only = True
     on_this_host = True
+    _turn = Caller(0, 0)  # until ``start``: no stage thread, no turn to hold
 
     def start(self, layout: Layout, state: dict[str, Any] | None = None) -> None:
         depth, learning = self.depth, self.config.learning
@@ -79,6 +90,9 @@ class ThreadExecutor(Driver):
                 raise stage_error(i, None, "start", exc) from exc
         self._sent = [Sent() for _ in range(depth)]
         self._ready = [True] * depth
+        # The caller holds the turn at torch's random stream for its stage threads while it runs the
+        # user's code: what it draws there (a sample) is never drawn from a stage's stream
+        self._turn = TURNS.call(len(self._stages))
         self._threads: list[threading.Thread] = []
         for i, stage in enumerate(self._stages):
             links = replace(self.stage_links(i, acts, grads), spin_s=0.0)  # a spinning thread holds the GIL
@@ -104,14 +118,43 @@ class ThreadExecutor(Driver):
 
         try:
             torch.set_num_threads(self.threads or 1)
-            run_stage(stage, links, check, where, self._sent[stage.index], first=first, tick=tick)
+            with TURNS.serving(self._turn, check):
+                run_stage(stage, links, check, where, self._sent[stage.index], first=first, tick=tick)
         except Aborted:
             pass
         except BaseException as exc:  # noqa: BLE001 - every failure reaches the caller as data
             self._failures.put((where.report(stage.index, exc), exc))
             self._stop.set()
 
+    def _inside(self, wait: Callable[..., _R], *args: Any) -> _R:
+        """``wait(*args)``, one of the caller's waits inside partime: its stage threads may draw
+        meanwhile, and after it the caller holds the turn again (``stage_random.Turns.waiting``).
+        Once no stage thread draws, it is the plain call."""
+        turn = self._turn
+        if turn.drawers <= 0 or turn.closed:
+            return wait(*args)
+        try:
+            with TURNS.waiting(turn, self.timeout):
+                return wait(*args)
+        except TimeoutError as exc:  # a stage's forward drew for longer than the timeout
+            raise self._timed_out(f"{exc} (to hand the caller its turn back)", None) from exc
+
+    def feed(self, index: int, x: Any, y: Any) -> None:
+        self._inside(super().feed, index, x, y)
+
+    def next_result(self) -> Result:
+        return self._inside(super().next_result)
+
+    def end(self) -> None:
+        self._inside(super().end)
+
+    def sync(self) -> None:
+        self._inside(super().sync)
+
     def state_dict(self) -> dict[str, Any]:
+        return self._inside(self._state_dict)
+
+    def _state_dict(self) -> dict[str, Any]:
         self.sync()  # every thread waits for its next tick: its stage may be read from here
         answers = [stage_answer(stage, sent) for stage, sent in zip(self._stages, self._sent)]
         if self._hosted is not None:
@@ -119,6 +162,9 @@ class ThreadExecutor(Driver):
         return executor_state(answers, self._feeder.fed, self._feeder.in_transit())
 
     def close(self) -> None:
+        if hasattr(self, "_stop"):
+            self._stop.set()  # first: a stage thread waiting for its turn at the random stream leaves
+        TURNS.close(self._turn)  # the caller holds no turn for this pipeline now
         threads, self._threads = getattr(self, "_threads", []), []
         hosted, self._hosted = self._hosted, None
         if hosted is not None:
