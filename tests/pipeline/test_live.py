@@ -439,30 +439,27 @@ def dropout_model(seed: int = 0) -> nn.Sequential:
     return nn.Sequential(nn.Linear(6, 512), nn.Dropout(0.5), nn.Linear(512, 512), nn.Dropout(0.5), nn.Linear(512, 3))
 
 
-@pytest.mark.parametrize("executor", ["inline", "thread"])
-def test_what_a_source_read_by_a_thread_draws_stays_out_of_the_stages_streams(executor):
+def drawn_as_read(made: list, n: int = 30):
+    """``n`` samples drawn with ``torch.randn`` as they are read (kept in ``made``), at a pace of their own."""
+    for _ in range(n):
+        made.append(torch.randn(32, 6))
+        yield made[-1]
+        time.sleep(0.001)  # a source with a pace of its own: its draws fall among the stage's
+
+
+def test_what_a_source_read_by_a_thread_draws_stays_out_of_the_stages_streams():
     """A plain source under "drop" is read by a thread of its own; it draws its samples with
-    ``torch.randn`` while the stages draw their dropout masks. The samples are the seeded stream's,
-    in order, and every output is the one the stage's own stream gives for the samples that went in."""
+    ``torch.randn`` while the stage draws its dropout masks (and while the pipeline starts). The
+    samples are the seeded stream's, in order, and every output is the one the stage's own stream
+    gives for the samples that went in."""
     for seed in range(3):
-        made = []
-
-        def drawn():
-            for _ in range(30):
-                made.append(torch.randn(32, 6))
-                yield made[-1]
-                time.sleep(0.001)  # a source with a pace of its own: its draws fall among the stages'
-
+        made: list = []
         model = dropout_model()
         torch.manual_seed(seed)
-        with Pipeline(model, 1, executor=executor) as pipe:
-            results = list(pipe.stream(drawn(), when_behind="drop"))
+        with Pipeline(model, 1, executor="inline") as pipe:
+            results = [r for r in pipe.stream(drawn_as_read(made), when_behind="drop") if not r.dropped]
         torch.manual_seed(seed)
         assert all(torch.equal(x, torch.randn(32, 6)) for x in made)  # none drawn from a stage's stream
-        replayed = []
         torch.manual_seed(seed)  # stage 0 continues the caller's stream: its masks, sample by sample
         with torch.no_grad():
-            for r in results:
-                if not r.dropped:
-                    replayed.append(model(made[r.index]))
-        assert all(torch.equal(r.output, out) for r, out in zip([r for r in results if not r.dropped], replayed, strict=True))
+            assert all(torch.equal(r.output, model(made[r.index])) for r in results)
