@@ -15,6 +15,13 @@ So the product of a late gradient uses the graph of the sample's own forward (it
 its masks) with the stage's current weights, and no forward runs twice. The saved tensors that
 are not parameters are collected, by reference, in the order the forward saved them: a
 checkpoint copies them, and ``replaying`` builds the same graph again from those copies.
+
+A normalisation layer (BatchNorm, LayerNorm, GroupNorm, ...) saves statistics of its input for its
+backward, and those depend on the weights before it: run back with the weights now, a kept graph
+scales the gradient at each such layer by about the ratio of its input's spread now to its spread
+then, and a chain of them compounds the ratios until a step overflows (a BatchNorm net learning
+one sample at a time with SGD at lr 0.01 reached NaN in six samples). ``normalisation_in`` names
+such a layer, so that the stage forms its products by running the forward again instead.
 """
 
 from __future__ import annotations
@@ -22,8 +29,34 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 
-from torch import Tensor
+from torch import Tensor, fx, nn
 from torch.autograd.graph import saved_tensors_hooks
+
+_NORMALISATIONS: tuple[type[nn.Module], ...] = (nn.GroupNorm, nn.LayerNorm, nn.LocalResponseNorm) + (
+    (nn.RMSNorm,) if hasattr(nn, "RMSNorm") else ()  # torch >= 2.4
+)
+"""Layers whose backward reads statistics of their input that the weights before them change."""
+
+_NORMALISING_FUNCTIONS = ("batch_norm", "layer_norm", "group_norm", "instance_norm", "rms_norm")
+"""The same, as the names of the functions (and aten operators) a traced graph calls."""
+
+
+def normalisation_in(module: nn.Module) -> str | None:
+    """The name of a normalisation layer that ``module`` runs with statistics of its input (its own
+    name and type, or a traced graph's node), or None if it runs none: a BatchNorm or InstanceNorm
+    that normalises with its running statistics (in eval mode) counts as none."""
+    for name, layer in module.named_modules():
+        if isinstance(layer, nn.modules.batchnorm._NormBase):
+            if layer.training or layer.running_mean is None:
+                return f"{name or 'the stage'} ({type(layer).__name__})"
+        elif isinstance(layer, _NORMALISATIONS):
+            return f"{name or 'the stage'} ({type(layer).__name__})"
+        if isinstance(layer, fx.GraphModule):
+            for node in layer.graph.nodes:
+                target = getattr(node.target, "__name__", str(node.target))
+                if node.op == "call_function" and any(f in target for f in _NORMALISING_FUNCTIONS):
+                    return f"node {node.name} ({target})"
+    return None
 
 
 class KeptGraph:

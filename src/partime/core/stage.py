@@ -25,6 +25,7 @@ stage it is every tick, and in ``graph-stash`` mode every forward.
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -34,7 +35,7 @@ from torch import Tensor, nn
 
 from ..learning.compensation import delay
 from .boundary_values import as_tensors, copy_tensors, is_float
-from .kept_graph import KeptGraph
+from .kept_graph import KeptGraph, normalisation_in
 from .stage_config import (
     DEFAULT_GRAD_MODE,
     GRAD_MODES,
@@ -63,6 +64,8 @@ __all__ = [
     "takes_target",
     "value_of",
 ]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -106,15 +109,23 @@ class Stage:
         self._learning = make_learning(index, config, named, loss_named)  # its optimizer and compensation
         self.optimizer = self._learning.optimizer
         # graph-stash: a delayed stage's forwards keep their graphs across its steps (the last
-        # stage's graph serves in the tick it is made, and predicted weights are copies anyway)
-        self._kept = (
-            KeptGraph(index, self._params)
-            if config.grad_mode == "graph-stash"
+        # stage's graph serves in the tick it is made, and predicted weights are copies anyway),
+        # unless a normalisation layer's saved statistics would not fit the weights now (kept_graph)
+        keeps = (
+            config.grad_mode == "graph-stash"
             and delay(index, config.depth) > 0
             and self.optimizer is not None
             and self._learning.predictor is None
-            else None
         )
+        normalisation = normalisation_in(self.module) if keeps else None
+        if normalisation is not None:
+            log.info(
+                "stage %d runs each late gradient's sample forward again (as grad_mode='stash'): it holds "
+                "the normalisation layer %s, whose statistics a kept graph would mix with the weights now",
+                index,
+                normalisation,
+            )
+        self._kept = KeptGraph(index, self._params) if keeps and normalisation is None else None
         # the stage's own random stream (None: a stage made apart from a pipeline draws from the process's)
         self._random = None if config.random_state is None else RandomStream(index, config.random_state)
         self._anchors: dict[int, list[Tensor]] = {}  # delay-correction: the weights at each forward
