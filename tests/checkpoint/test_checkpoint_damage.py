@@ -187,6 +187,26 @@ INCONSISTENT = {
         for key in ("identity", "counters", "layout", "held", "stages", "transit")
     },
     "no counters.taken": (remove("counters", "taken"), "it has no counters.taken"),
+    "an activation of another shape": (
+        put("transit", "acts", 1, "tensors", value=[torch.zeros(1, 5)]),
+        "transit.acts[1] holds tensors of [[[1, 5], 'float32']] ([shape, dtype] each), but layout.activations[0] is",
+    ),
+    "an activation sent to stage 0": (
+        put("transit", "acts", 0, value={"sample": 0, "tensors": [torch.zeros(1, 4)]}),
+        "transit.acts[0] holds tensors of [[[1, 4], 'float32']], but stage 0 is sent no activation",
+    ),
+    "a gradient sent to the last stage": (
+        put("transit", "grads", 1, value={"sample": 0, "tensors": [torch.zeros(1, 2)]}),
+        "transit.grads[1] holds tensors of [[[1, 2], 'float32']], but the last stage is sent no gradient",
+    ),
+    "a held output of another dtype": (
+        lambda s: s["held"][0].update(output=[t.double() for t in s["held"][0]["output"]]),
+        "'float64']] ([shape, dtype] each), but layout.output is",
+    ),
+    "a target of another shape": (
+        put("transit", "targets", 0, "tensors", value=[torch.zeros(7)]),
+        "transit.targets[0] holds tensors of [[[7], 'float32']] ([shape, dtype] each), but identity.target is",
+    ),
     "targets given without a target layout": (
         put("identity", "target", value=None),
         "targets given (given), but no identity.target to read them by",

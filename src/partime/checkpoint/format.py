@@ -50,8 +50,9 @@ def check_contents(state: Any) -> None:
     were not handed out (``max(0, in_segment - (depth - 1)) - taken``), in increasing sample
     order; there is one stage state per stage; and values are in transit (``transit["tick"] ==
     in_segment``, one activation and one gradient slot per stage) exactly when a segment has
-    begun; targets are given only with an identity.target to read them by. Sample indices need not
-    be consecutive. The message names the part
+    begun; targets are given only with an identity.target to read them by; every value in flight
+    (held outputs, activations, gradients and targets in transit, targets given) has the shapes and
+    dtypes of its layout. Sample indices need not be consecutive. The message names the part
     (``counters.taken``) and the values involved.
     """
     if not isinstance(state, Mapping) or state.get("format") != FORMAT:
@@ -183,6 +184,31 @@ def check_contents(state: Any) -> None:
             )
         previous = index
 
+    if layout is not None:  # every value in flight has the layout it will be read by
+        activations = layout["activations"]
+        for k, result in enumerate(held):
+            _check_layout(result["output"], layout["output"], f"held[{k}].output", "layout.output")
+        if transit is not None:
+            for i, value in enumerate(transit["acts"]):  # sent by stage i - 1 to stage i
+                spec, spec_name = (
+                    (activations[i - 1], f"layout.activations[{i - 1}]")
+                    if i
+                    else (None, "stage 0 is sent no activation")
+                )
+                _check_layout(value and value["tensors"], spec, f"transit.acts[{i}]", spec_name)
+            for i, value in enumerate(transit["grads"]):  # sent by stage i + 1 to stage i
+                last = i == depth - 1
+                spec, spec_name = (
+                    (None, "the last stage is sent no gradient")
+                    if last
+                    else (activations[i], f"layout.activations[{i}]")
+                )
+                _check_layout(value and value["tensors"], spec, f"transit.grads[{i}]", spec_name)
+            for i, value in enumerate(transit["targets"]):
+                _check_layout(value["tensors"], identity.get("target"), f"transit.targets[{i}]", "identity.target")
+        for i, value in enumerate(given):
+            _check_layout(value["tensors"], identity.get("target"), f"given[{i}]", "identity.target")
+
 
 def _part(container: Any, name: str, test: Callable[[Any], bool], what: str, key: Any = None) -> Any:
     """``container[key]`` (by default the last part of ``name``), if ``test`` passes; else a
@@ -223,6 +249,23 @@ def _check_spec(plain: Any, name: str, optional: bool) -> None:
         raise CheckpointError(
             f"damaged checkpoint: its {name} is {shown}, not a layout "
             "({'tensors': [[shape, dtype name], ...], 'is_tuple': bool})"
+        )
+
+
+def _check_layout(tensors: Any, spec: Any, name: str, spec_name: str) -> None:
+    """Raise a ``CheckpointError`` naming ``name`` and ``spec_name`` unless ``tensors`` (None: a
+    hole, which fits anything) have the shapes and dtypes of the layout ``spec`` (None: no value
+    may be there, for the reason ``spec_name`` gives)."""
+    if tensors is None:
+        return
+    got = [[list(t.shape), str(t.dtype).removeprefix("torch.")] for t in tensors]
+    if spec is None:
+        raise CheckpointError(f"damaged checkpoint: {name} holds tensors of {got}, but {spec_name}")
+    want = [[list(shape), dtype] for shape, dtype in spec["tensors"]]
+    if got != want:
+        raise CheckpointError(
+            f"damaged checkpoint: {name} holds tensors of {got} ([shape, dtype] each), but {spec_name} is "
+            f"{want}: a value in flight has the layout of the boundary it crosses"
         )
 
 
