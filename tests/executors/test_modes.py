@@ -186,11 +186,15 @@ def channels_last_net(seed=0):
     return traced_models.with_statistics(model, seed).eval().to(memory_format=torch.channels_last)
 
 
+def channels_last_images(n=SAMPLES, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randn(2, 3, 8, 8, generator=gen).to(memory_format=torch.channels_last) for _ in range(n)]
+
+
 @pytest.mark.parametrize("executor", EXECUTORS)
 def test_a_channels_last_activation_crosses_a_cut_in_its_own_strides(executor):
     model = channels_last_net()
-    gen = torch.Generator().manual_seed(0)
-    xs = [torch.randn(2, 3, 8, 8, generator=gen).to(memory_format=torch.channels_last) for _ in range(SAMPLES)]
+    xs = channels_last_images()
     with partime.Pipeline(model, [4, 4], executor=executor, threads=1) as pipe:  # the cut before the GroupNorm
         outputs = [r.output for r in pipe.stream(xs)]
     for s, (out, x) in enumerate(zip(outputs, xs)):
@@ -269,6 +273,7 @@ def rank_main(out):
         seen[mode] = run(drop_norm("traced").train(mode == "train"), depth, xs, "distributed")[0]
     model = drop_norm("sequential").train(rank != 0)  # in eval() on rank 0 only; the last stage has a Dropout
     seen["rank 0's mode"] = run(model, depth, xs, "distributed")[0]
+    seen["channels_last"] = run(channels_last_net(), depth, channels_last_images(), "distributed")[0]
     if rank == 0:
         torch.save(seen, Path(out, "seen.pt"))
 
@@ -324,6 +329,9 @@ def test_the_distributed_executor_keeps_every_modules_mode(depth, tmp_path):
     inline = run(drop_norm("traced").train(), depth, xs, "inline")[0]
     for s, (out, expected) in enumerate(zip(seen["train"], inline)):
         assert torch.equal(out, expected), s
+    model = channels_last_net()  # its activations cross the links between ranks in their own strides
+    for s, (out, x) in enumerate(zip(seen["channels_last"], channels_last_images())):
+        assert torch.equal(out, plain(model, x)), s
 
 
 if __name__ == "__main__":

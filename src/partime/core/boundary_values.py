@@ -108,6 +108,13 @@ def laid_out(t: Tensor, spec: TensorSpec) -> Tensor:
     return torch.empty_strided(t.shape, spec.strides, dtype=t.dtype, device=t.device).copy_(t)
 
 
+def in_bytes(data: Tensor, spec: TensorSpec) -> Tensor:
+    """``data``, ``spec.nbytes`` bytes (uint8), seen as a tensor of ``spec`` in its strides: the
+    elements of a dense layout span exactly its bytes, whatever their order."""
+    values = data.view(spec.dtype)
+    return values.view(spec.shape) if spec.strides is None else values.as_strided(spec.shape, spec.strides)
+
+
 def dense(t: Tensor) -> Tensor:
     """``t`` itself where its elements fill its memory without gaps or overlaps, else a copy of it in
     ``dense_strides``: what a link hands on by reference, its strides kept."""

@@ -39,7 +39,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from ...core.boundary_values import TensorSpec
+from ...core.boundary_values import TensorSpec, in_bytes
 from ..messages import KIND_CLOSE, KIND_DATA, KIND_PING, KIND_SKIP, Message
 from ..process.shared_memory import POLL_S, Aborted
 
@@ -213,8 +213,8 @@ class RankLink:
                 return (header,)
         offsets, size = self._layouts[KIND_DATA if self._packed else kind]
         frame = torch.empty(size, dtype=torch.uint8, device=self.device)
-        for t, at in zip(tensors, offsets):
-            frame[at : at + t.nbytes].view(t.dtype).view(t.shape).copy_(t.detach())
+        for t, at, spec in zip(tensors, offsets, self.payload[KIND_DATA if self._packed else kind]):
+            in_bytes(frame[at : at + spec.nbytes], spec).copy_(t.detach())  # in the strides the receiver reads
         if not self._packed:
             return (header, frame)
         frame[:_HEADER].copy_(header)
@@ -226,7 +226,8 @@ class RankLink:
             kind = KIND_DATA
         specs = self.payload.get(kind, ())
         offsets = self._layouts[kind][0] if specs else ()
-        return tuple(frame[at : at + s.nbytes].view(s.dtype).view(s.shape) for s, at in zip(specs, offsets))
+        # each in its layout's strides (a channels_last activation crosses as it is)
+        return tuple(in_bytes(frame[at : at + s.nbytes], s) for s, at in zip(specs, offsets))
 
     def hang_up(self) -> None:
         """Sending end: CLOSE goes after every message sent so far, and the thread ends; later
