@@ -5,7 +5,8 @@ parameters and the compensation objects that ``config.compensation`` chooses for
 It checks the optimizer: a TypeError if the factory returns anything but a
 ``torch.optim.Optimizer`` or one whose ``step`` needs a closure (LBFGS), a ValueError if it holds
 none of the stage's trainable parameters, an error of the factory's kind naming the stage and its
-parameters with their shapes if the factory fails on them; a warning (on the ``partime.core.stage`` logger) names those it leaves out.
+parameters with their shapes if the factory fails on them; a warning (on the
+``partime.core.stage`` logger) names those it leaves out.
 ``step`` takes one compensated step; ``compensation_state`` and ``load_compensation_state``
 copy the state of the compensation that a stage checkpoint keeps besides the optimizer's.
 """
@@ -61,11 +62,6 @@ class Learning(NamedTuple):
     given_lrs: tuple[Any, ...] = ()
 
 
-def step_factor(learning: Learning) -> float:
-    """How much of its optimizer's step the stage's next step takes (``"step-scale"`` times ``"lr-scale"``)."""
-    return learning.scale * (1.0 if learning.step_size is None else learning.step_size.factor())
-
-
 def make_learning(
     index: int,
     config: StageConfig,
@@ -95,9 +91,12 @@ def make_learning(
     if "long-momentum" in chosen and tau > 0:
         lengthen_momentum(optimizer)
     if "optimizer-prediction" in chosen:
-        # it foresees the steps the stage will take: the optimizer's, scaled as the stage scales them
-        scales = Learning(scale=scale, step_size=step_size)
-        predictor = OptimizerPrediction(optimizer, params, tau, scale=lambda: step_factor(scales))
+        lr_scale = step_size
+
+        def coming() -> float:  # it foresees the steps the stage will take: scaled as step() scales them
+            return scale * (1.0 if lr_scale is None else lr_scale.factor())
+
+        predictor = OptimizerPrediction(optimizer, params, tau, scale=coming)
     if "delay-correction" in chosen and tau > 0:
         corrector = DelayCorrection(named, optimizer=optimizer)  # it reads which way each group goes
     if "spike" in chosen and tau > 0:
@@ -189,8 +188,8 @@ def load_compensation_state(learning: Learning, state: dict[str, Any]) -> None:
         and (learning.scale != 1.0 or step_size is not None)
     ):
         # Written when step-scale and lr-scale were kept in the lr: its optimizer state holds the
-        # scaled lr, which the steps would be scaled by again. Such a run had no schedule (it undid
-        # them): its lr was the factory's.
+        # scaled lr, which the steps would be scaled by again. A schedule then undid the scale, so
+        # such a run is taken to have had none: its lr was the factory's.
         for group, lr in zip(learning.optimizer.param_groups, learning.given_lrs):
             group["lr"] = lr
     if isinstance(predictor, WeightPredictor):
