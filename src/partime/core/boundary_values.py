@@ -118,7 +118,9 @@ def in_bytes(data: Tensor, spec: TensorSpec) -> Tensor:
 def dense(t: Tensor) -> Tensor:
     """``t`` itself where its elements fill its memory without gaps or overlaps, else a copy of it in
     ``dense_strides``: what a link hands on by reference, its strides kept."""
-    return t if t.stride() == dense_strides(t) else t.clone(memory_format=torch.preserve_format)
+    if t.is_contiguous() or t.stride() == dense_strides(t):  # the first, the common case, at little cost
+        return t
+    return t.clone(memory_format=torch.preserve_format)
 
 
 def rebuild(spec: ValueSpec, tensors: tuple[Tensor, ...]) -> Tensor | tuple[Tensor, ...]:
