@@ -246,6 +246,16 @@ def test_hooks_on_a_block_the_trace_goes_through_are_refused_by_name():
         partime.Pipeline(model, 2, executor="inline", sample=images(1)[0])
 
 
+def test_hooks_that_the_pipelines_copy_of_the_model_would_lose_are_refused_by_name():
+    """torch.fx.GraphModule's deep copy drops its own forward hooks (fx names its class after the traced one)."""
+    torch.manual_seed(0)
+    graph = torch.fx.symbolic_trace(nn.Sequential(nn.Linear(8, 8), nn.ReLU()))
+    graph.register_forward_hook(traced_models.add_one)
+    model = nn.Sequential(nn.Linear(8, 8), graph, nn.Linear(8, 4))
+    with pytest.raises(TypeError, match=r"module 1 \(Sequential\) loses its forward hooks when copied"):
+        partime.Pipeline(model, [2, 1], executor="inline")
+
+
 @pytest.mark.parametrize("executor", EXECUTORS)
 def test_hooks_on_the_layers_run_in_every_executor(executor):
     model = popular("resnet").eval()

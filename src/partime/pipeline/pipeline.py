@@ -40,7 +40,7 @@ from ..result import Result
 from ..sources import MONOTONIC, Clock
 from ..traced.partition import describe
 from ..traced.structured_loss import ModelCall, StructuredLoss
-from ..traced.tracing import boundary_specs, layers_of, traced_forward
+from ..traced.tracing import boundary_specs, check_copied_hooks, layers_of, traced_forward
 from . import arrivals
 from .argument_checks import Devices, check_arguments
 from .one_caller import OneCaller
@@ -197,6 +197,8 @@ class Pipeline:
             self._executor: Executor | None = None
             # the pipeline's own copy: the caller's model is never changed
             self._root = copy.deepcopy(model) if isinstance(model, nn.Module) else model
+            if isinstance(model, nn.Module):
+                check_copied_hooks(model, self._root)  # hooks a copy drops would never run
             # the copy itself, or its traced graph's segments (traced on the sample where fx cannot trace it alone)
             layers = layers_of(self._root, sample)
             self._traced_forward = traced_forward(layers)

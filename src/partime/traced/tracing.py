@@ -214,6 +214,25 @@ def check_hooks(model: nn.Module, called: list[str]) -> None:
         )
 
 
+def check_copied_hooks(model: nn.Module, copied: nn.Module) -> None:
+    """A TypeError naming a module of ``model`` whose hooks its deep copy ``copied`` (the pipeline's
+    own) lost: ``torch.fx.GraphModule``'s copy drops its own forward hooks, which would then never run."""
+    copies = dict(copied.named_modules())
+    for name, module in model.named_modules():
+        twin = copies.get(name)
+        lost = (
+            [kind for (kind, hooks), (_, kept) in zip(_hooks(module), _hooks(twin)) if len(hooks) != len(kept)]
+            if twin
+            else []
+        )
+        if lost:
+            raise TypeError(
+                f"the model's {'module ' + name if name else 'root'} ({type(module).__name__}) loses its "
+                f"{' and '.join(lost)} hooks when copied (copy.deepcopy, as partime copies the model it is given: "
+                "torch.fx.GraphModule drops them), so they would never run: register them on the modules inside it"
+            )
+
+
 def _hooks(module: nn.Module) -> list[tuple[str, Any]]:
     """The hooks ``module`` holds, by kind (torch keeps them in dicts of the module)."""
     return [
