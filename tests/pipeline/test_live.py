@@ -20,7 +20,9 @@ from torch import nn
 
 from partime import Pipeline
 from partime.checkpoint.format import CheckpointError
+from partime.core.stage_random import derived
 from partime.pipeline.arrivals import newest
+from partime.planning.partition import split
 from partime.sources import MONOTONIC, FakeClock, at_rate
 
 EXECUTORS = ["inline", "process", "thread"]
@@ -447,19 +449,28 @@ def drawn_as_read(made: list, n: int = 30):
         time.sleep(0.001)  # a source with a pace of its own: its draws fall among the stage's
 
 
-def test_what_a_source_read_by_a_thread_draws_stays_out_of_the_stages_streams():
+@pytest.mark.parametrize(("executor", "balance"), [("inline", [5]), ("thread", [3, 2])])
+def test_what_a_source_read_by_a_thread_draws_stays_out_of_the_stages_streams(executor, balance):
     """A plain source under "drop" is read by a thread of its own; it draws its samples with
-    ``torch.randn`` while the stage draws its dropout masks (and while the pipeline starts). The
-    samples are the seeded stream's, in order, and every output is the one the stage's own stream
-    gives for the samples that went in."""
+    ``torch.randn`` while the stages draw their dropout masks (and while the pipeline starts, and
+    while stage threads wait for the caller's turn). The samples are the seeded stream's, in order,
+    and every output is the one the stages' own streams give for the samples that went in."""
     for seed in range(3):
         made: list = []
         model = dropout_model()
         torch.manual_seed(seed)
-        with Pipeline(model, 1, executor="inline") as pipe:
+        origin = torch.get_rng_state()
+        with Pipeline(model, balance, executor=executor) as pipe:
             results = [r for r in pipe.stream(drawn_as_read(made), when_behind="drop") if not r.dropped]
         torch.manual_seed(seed)
         assert all(torch.equal(x, torch.randn(32, 6)) for x in made)  # none drawn from a stage's stream
-        torch.manual_seed(seed)  # stage 0 continues the caller's stream: its masks, sample by sample
+        # each stage's masks, sample by sample, from its own stream (stage 0 continues the caller's)
+        streams, parts = [derived(origin, i) for i in range(len(balance))], split(model, balance)
         with torch.no_grad():
-            assert all(torch.equal(r.output, model(made[r.index])) for r in results)
+            for r in results:
+                value = made[r.index]
+                for i, part in enumerate(parts):
+                    torch.set_rng_state(streams[i])
+                    value = part(value)
+                    streams[i] = torch.get_rng_state()
+                assert torch.equal(r.output, value)

@@ -54,8 +54,9 @@ T = TypeVar("T")
 D = TypeVar("D")
 
 POLL_S = 0.05
-"""How long a stage thread waiting for the turn sleeps before it asks its check again (so that a
-pipeline closed while its caller runs the user's code stops its threads within it)."""
+"""How long a wait for the turn sleeps before it looks again (each change it waits for is notified):
+a stage thread asks its check then, so that a pipeline closed while its caller runs the user's code
+stops its threads within it."""
 
 
 class Caller:
@@ -79,7 +80,9 @@ class Turns:
         self._swapped: int | None = None  # the thread whose stage's stream is the process's now
         self._depth = 0  # how deep that thread is in ``swapping`` (a replay inside a forward)
         self._readers: set[int] = set()  # the threads reading a source now (``reading``)
-        self._swaps_waiting = 0  # forwards waiting for the turn: a source's next read lets them first
+        # forwards waiting for the turn (thread -> its caller): a source's next read lets those first
+        # that wait for nothing else (a stage thread whose caller runs the user's code waits for it)
+        self._swaps_waiting: dict[int, Caller | None] = {}
         self._inside: dict[int, int] = {}  # callers' threads inside partime's waits: how deeply
         self._local = threading.local()  # a stage thread's ``Caller`` and ``check`` (``serving``)
 
@@ -96,14 +99,15 @@ class Turns:
                 self._depth += 1
             else:
                 caller, check = getattr(self._local, "caller", None), getattr(self._local, "check", None)
-                self._swaps_waiting += 1
+                self._swaps_waiting[me] = caller
                 try:
                     while not self._may_swap(caller):
-                        self._cond.wait(POLL_S if check is not None else None)
+                        self._cond.wait(POLL_S)
                         if check is not None:
                             check()
                 finally:
-                    self._swaps_waiting -= 1
+                    del self._swaps_waiting[me]
+                    self._cond.notify_all()  # a reader that let it go first may read now
                 self._swapped, self._depth = me, 1
         try:
             yield
@@ -115,8 +119,10 @@ class Turns:
                     self._cond.notify_all()
 
     def _may_swap(self, caller: Caller | None) -> bool:
-        if self._swapped is not None or self._readers:
-            return False
+        return self._swapped is None and not self._readers and self._callers_inside(caller)
+
+    def _callers_inside(self, caller: Caller | None) -> bool:
+        """Whether ``caller`` (a stage thread's, or None) lets its stage draw: it waits inside partime."""
         return caller is None or caller.closed or bool(self._inside.get(caller.thread))
 
     @contextmanager
@@ -170,6 +176,7 @@ class Turns:
                 self._inside[me] -= 1
                 if not self._inside[me]:
                     del self._inside[me]
+                    self._cond.notify_all()  # its stages' forwards wait again: a reader need not let them first
                 # back to the user's code: no stage of its may have its stream swapped in any more
                 patience = timeout if not failed else min(timeout or POLL_S, POLL_S)
                 done = self._cond.wait_for(lambda: self._swapped in (None, me), patience)
@@ -193,7 +200,8 @@ class Turns:
         their draws against each other's is the threads' own."""
         me = threading.get_ident()
         with self._cond:
-            self._cond.wait_for(lambda: self._swapped is None and not self._swaps_waiting)
+            while not (self._swapped is None and not self._swaps_ready()):
+                self._cond.wait(POLL_S)  # notified when that changes; the poll only guards against a miss
             self._readers.add(me)
         try:
             yield
@@ -207,6 +215,10 @@ class Turns:
             if thread in self._readers:
                 self._readers.discard(thread)
                 self._cond.notify_all()
+
+    def _swaps_ready(self) -> bool:
+        """Whether a forward waits for the turn, and for nothing but the turn."""
+        return any(self._callers_inside(caller) for caller in self._swaps_waiting.values())
 
     def _holder_name(self) -> str:
         names = {t.ident: t.name for t in threading.enumerate()}
