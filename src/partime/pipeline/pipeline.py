@@ -117,6 +117,11 @@ class Pipeline:
     no gradient is applied for it. In both cases no stage steps for that sample (SPEC: "a stage
     that received no gradient in a tick does not step"); every other sample is unaffected.
 
+    Every module of ``model`` runs in the mode it is in when the pipeline is made (``train()`` or
+    ``eval()``, module by module), in every stage, under every executor and after a checkpoint is
+    loaded; a traced graph keeps what the forward chose on ``self.training`` as it was traced. To
+    switch, make a new pipeline from ``pipe.module`` after ``.eval()`` or ``.train()``.
+
     The pipeline works on its own copy of ``model``: the model given is never changed, and a
     second pipeline made from it starts from the same weights. ``module`` gives the trained
     weights back (``model.load_state_dict(pipe.module.state_dict())`` to train it in place).
