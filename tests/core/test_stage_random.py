@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 import partime
-from partime.core import stage_random
+from partime.core import random_turns, stage_random
 
 MODES = ["stash", "weight-stash", "graph-stash"]  # partime mode's product is of another sample's forward
 EXECUTORS = ["inline", "thread", "process"]
@@ -331,12 +331,12 @@ def test_a_pipeline_whose_stages_wait_for_the_callers_turn_closes_at_once(how):
         with pytest.warns(ResourceWarning, match="garbage-collected"):
             pipe.__del__()  # what the collector runs, in whatever thread it runs in
     assert not stage_threads()  # joined by close: none was left blocked on the turn
-    with stage_random.TURNS.swapping():  # the turn is free: nothing of the pipeline holds it
+    with random_turns.TURNS.swapping():  # the turn is free: nothing of the pipeline holds it
         torch.rand(3)
 
 
 def test_turns_keep_a_stage_thread_from_drawing_while_its_caller_runs_the_users_code():
-    turns = stage_random.Turns()
+    turns = random_turns.Turns()
     caller = turns.call(drawers=1)
     swapped, leave = threading.Event(), threading.Event()
 
@@ -357,7 +357,7 @@ def test_turns_keep_a_stage_thread_from_drawing_while_its_caller_runs_the_users_
 
 
 def test_turns_let_a_waiting_stage_thread_leave_when_its_pipeline_closes():
-    turns = stage_random.Turns()
+    turns = random_turns.Turns()
     caller = turns.call(drawers=1)
     stop, left = threading.Event(), []
 
@@ -381,18 +381,18 @@ def test_turns_let_a_waiting_stage_thread_leave_when_its_pipeline_closes():
 
 def test_a_stage_thread_whose_first_forward_draws_nothing_frees_its_caller():
     """No dropout: after its first forward the stage thread needs no turn, and its caller holds none."""
-    caller, seen = stage_random.TURNS.call(drawers=1), []
+    caller, seen = random_turns.TURNS.call(drawers=1), []
     stream = stage_random.RandomStream(1, torch.get_rng_state())
 
     def stage():
-        with stage_random.TURNS.serving(caller, lambda: None):
+        with random_turns.TURNS.serving(caller, lambda: None):
             with stream.drawing():
                 torch.zeros(3).exp()  # draws nothing
             seen.append(caller.drawers)
 
-    with stage_random.TURNS.waiting(caller, timeout=10):
+    with random_turns.TURNS.waiting(caller, timeout=10):
         thread = threading.Thread(target=stage)
         thread.start()
         thread.join(10)
-    stage_random.TURNS.close(caller)
+    random_turns.TURNS.close(caller)
     assert seen == [0] and stream.draws is False

@@ -29,7 +29,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..core.stage_random import TURNS, SourceReads
+from ..core.random_turns import TURNS, SourceReads
 from ..sources import MONOTONIC, Clock, Paced
 
 log = logging.getLogger(__name__)
@@ -136,7 +136,7 @@ class Threaded:
     a take waits for an item and keeps the newest one waiting (see the module docstring).
 
     What the iterable raises is raised by the next take. Its ``next()`` holds a reader's turn at
-    torch's random stream (``stage_random.SourceReads``): what the source draws is its own, and a
+    torch's random stream (``random_turns.SourceReads``): what the source draws is its own, and a
     stage's forward that draws waits for a read in progress; a source whose first read draws
     nothing (a camera) is read without it from then on.
 

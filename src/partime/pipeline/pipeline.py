@@ -25,8 +25,8 @@ from torch.utils._pytree import tree_leaves
 from ..checkpoint import files as checkpoint
 from ..checkpoint.files import CheckpointError, layout_from_plain
 from ..core.boundary_values import ValueSpec, copy_tensors, nonfinite
+from ..core.random_turns import TURNS
 from ..core.stage import DEFAULT_GRAD_MODE, LossFn, OptimizerFactory, StageConfig, takes_target
-from ..core.stage_random import TURNS
 from ..errors import PipelineClosedError, StageError
 from ..executors import EXECUTORS, Executor
 from ..executors.base import READ_AHEAD

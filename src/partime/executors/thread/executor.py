@@ -26,7 +26,7 @@ torch's kernels release it, so stages overlap as much as their kernels dominate.
 
 torch's random stream is one per process: the stage threads that draw (dropout) take turns at it
 with the caller, who holds it while it runs the user's code and gives it up only while it waits in
-a call of this executor (``stage_random.Turns``), so that what the caller draws (a sample made with
+a call of this executor (``random_turns.Turns``), so that what the caller draws (a sample made with
 ``torch.randn``) and what each stage draws are what the inline executor draws, to the bit.
 
 Every stage runs on the CPU: ``check_devices`` refuses any other device (``cpu_only``).
@@ -43,8 +43,8 @@ from typing import Any, TypeVar
 
 import torch
 
+from ...core.random_turns import TURNS, Caller
 from ...core.stage import Stage
-from ...core.stage_random import TURNS, Caller
 from ...errors import StageError
 from ...result import Result
 from ..base import Layout, stage_error
@@ -128,7 +128,7 @@ class ThreadExecutor(Driver):
 
     def _inside(self, wait: Callable[..., _R], *args: Any) -> _R:
         """``wait(*args)``, one of the caller's waits inside partime: its stage threads may draw
-        meanwhile, and after it the caller holds the turn again (``stage_random.Turns.waiting``).
+        meanwhile, and after it the caller holds the turn again (``random_turns.Turns.waiting``).
         Once no stage thread draws, it is the plain call."""
         turn = self._turn
         if turn.drawers <= 0 or turn.closed:
