@@ -35,6 +35,13 @@ Answer. Not a bug in partime's code, and not the delay as such: it is the ``grap
   loop, ``stash`` and ``weight-stash`` (both with ``"auto"``) stay finite, ``graph-stash`` with
   ``"auto"`` diverges on seed 18.
 
+What changed after it. A delayed stage that holds a normalisation layer using its input's
+statistics now forms its products under ``graph-stash`` as ``stash`` does
+(``partime.core.kept_graph.normalisation_in``; SPEC.md, "Learning: loss and backward"). The
+figures in ``docs/efficientnet_delay.txt`` were made at commit 1a4e80b, before that: run on a later
+commit, partime's ``graph-stash`` rows are its ``stash`` rows, and no longer the hand-written
+``graph-stash`` reference's.
+
 Run: ``.venv/bin/python docs/efficientnet_delay.py`` from the repository root (about 15 minutes
 on two busy cores). It prints its findings and writes them to ``docs/efficientnet_delay.txt``.
 The model is torchvision's ``efficientnet_b0(dropout=0.0)`` written out in plain torch (the
