@@ -275,8 +275,9 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def start_ranks(out, depth, scenario):
-    """Start ``scenario`` on ``depth`` ranks: their processes, and the paths of their logs."""
+def start_ranks(out, depth, scenario, script=__file__):
+    """Start ``scenario`` of ``script`` (None: the script's only one) on ``depth`` ranks: their
+    processes, and the paths of their logs."""
     port = _free_port()
     procs, logs = [], []
     for rank in range(depth):
@@ -296,7 +297,10 @@ def start_ranks(out, depth, scenario):
         with open(logs[-1], "w") as log:
             procs.append(
                 subprocess.Popen(
-                    [sys.executable, __file__, scenario, str(out)], env=env, stdout=log, stderr=subprocess.STDOUT
+                    [sys.executable, str(script), *([scenario] if scenario else []), str(out)],
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
                 )
             )
     return procs, logs

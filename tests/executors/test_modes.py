@@ -6,8 +6,6 @@ drawing, BatchNorm on batch statistics) it gives what the inline executor gives.
 import copy
 import os
 import pickle
-import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -15,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 import traced_models
-from test_distributed import join_on_localhost, reap
+from test_distributed import join_on_localhost, reap, start_ranks
 from torch import nn
 
 import partime
@@ -288,33 +286,9 @@ def rank_main(out):
         torch.save(seen, Path(out, "seen.pt"))
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def launch_ranks(out, depth, timeout=90.0):
     """Run ``rank_main`` on ``depth`` ranks on localhost; each rank's exit code and log."""
-    port, procs, logs = free_port(), [], []
-    for rank in range(depth):
-        env = dict(
-            os.environ,
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(port),
-            RANK=str(rank),
-            WORLD_SIZE=str(depth),
-            LOCAL_RANK=str(rank),
-            LOCAL_WORLD_SIZE=str(depth),
-            GLOO_SOCKET_IFNAME="lo",
-            OMP_NUM_THREADS="1",
-            PYTHONPATH=os.pathsep.join([str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")]),
-        )
-        logs.append(Path(out, f"rank{rank}.log"))
-        with open(logs[-1], "w") as log:
-            procs.append(
-                subprocess.Popen([sys.executable, __file__, str(out)], env=env, stdout=log, stderr=subprocess.STDOUT)
-            )
+    procs, logs = start_ranks(out, depth, None, script=__file__)
     deadline = time.monotonic() + timeout
     try:
         while any(p.poll() is None for p in procs) and time.monotonic() < deadline:

@@ -4,6 +4,7 @@ caller's random numbers); a traced model's Python that computes no tensor only w
 
 import pytest
 import torch
+from models import CountedForward
 from torch import nn
 
 import partime
@@ -46,20 +47,6 @@ def test_a_forward_runs_once_a_sample_and_once_more_on_sample_0_without_gradient
     # and draws none of the caller's random numbers: stage 0 draws what a plain loop from the seed draws
     torch.manual_seed(3)
     assert [drawn for _, drawn in notes[1:]] == [torch.rand(()).item() for _ in range(N)]
-
-
-class CountedForward(nn.Module):
-    """A module whose forward counts its runs outside the model (on its class)."""
-
-    runs = 0
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.a, self.b = nn.Linear(4, 8), nn.Linear(8, 2)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        type(self).runs += 1
-        return self.b(torch.tanh(self.a(x)))
 
 
 @pytest.mark.parametrize(("sample", "runs"), [(False, 1), (True, 2)])

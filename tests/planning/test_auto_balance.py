@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import torch
+from models import CountedForward
 from torch import nn
 
 import partime
@@ -531,20 +532,6 @@ def test_auto_with_workers_measures_a_running_pipeline_of_its_cut(
     _same(results, _run(model, [1, 1, 1, 1] if depth == 4 else [4], xs, ys, executor="inline"))
 
 
-class _CountedForward(nn.Module):
-    """A traceable module that counts the runs of its own forward (a traced graph runs none)."""
-
-    runs = 0
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.a, self.b = nn.Linear(4, 8), nn.Linear(8, 2)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        type(self).runs += 1
-        return self.b(torch.tanh(self.a(x)))
-
-
 @pytest.mark.parametrize("learning", [False, True])
 def test_auto_weighs_a_traced_model_against_its_own_forward(monkeypatch, learning: bool) -> None:
     # three layers of one second on three cores: "auto" takes three stages, then times the plain
@@ -556,13 +543,13 @@ def test_auto_weighs_a_traced_model_against_its_own_forward(monkeypatch, learnin
 
     def in_turns(*runs_given):
         ((calls, _),) = runs_given
-        before = _CountedForward.runs
+        before = CountedForward.runs
         for _ in itertools.islice(calls, 5):
-            runs.append(_CountedForward.runs - before)
+            runs.append(CountedForward.runs - before)
         return (10.0,)
 
     monkeypatch.setattr(auto_check, "in_turns", in_turns)
     learn = {"loss_fn": nn.MSELoss(), "optimizer": _sgd} if learning else {}
-    pipe = partime.Pipeline(_CountedForward(), "auto", sample=torch.randn(4), executor="inline", **learn)
+    pipe = partime.Pipeline(CountedForward(), "auto", sample=torch.randn(4), executor="inline", **learn)
     # one run of the forward per call (the first after one more, for the output's shape)
     assert runs == [2, 3, 4, 5, 6] and pipe.depth == 3
