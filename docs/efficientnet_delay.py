@@ -36,11 +36,11 @@ Answer. Not a bug in partime's code, and not the delay as such: it is the ``grap
   ``"auto"`` diverges on seed 18.
 
 What changed after it. A delayed stage that holds a normalisation layer using its input's
-statistics now forms its products under ``graph-stash`` as ``stash`` does
+statistics now forms its products under ``graph-stash`` as ``weight-stash`` does
 (``partime.core.kept_graph.normalisation_in``; SPEC.md, "Learning: loss and backward"). The
 figures in ``docs/efficientnet_delay.txt`` were made at commit 1a4e80b, before that: run on a later
-commit, partime's ``graph-stash`` rows are its ``stash`` rows, and no longer the hand-written
-``graph-stash`` reference's.
+commit, partime's ``graph-stash`` rows are its ``weight-stash`` rows, and no longer the
+hand-written ``graph-stash`` reference's.
 
 Run: ``.venv/bin/python docs/efficientnet_delay.py`` from the repository root (about 15 minutes
 on two busy cores). It prints its findings and writes them to ``docs/efficientnet_delay.txt``.

@@ -54,7 +54,7 @@ def test_the_live_sources_example_runs(tmp_path):
 # features before they are built, and the copy grows with the feature that implements it.
 SPEC_DIFFERENCES = {
     "Learning: loss and backward": "graph-stash, a fourth grad mode, is the default: one forward per sample "
-    "(README, Learning with delay), and as stash in a stage with normalisation layers",
+    "(README, Learning with delay), and as weight-stash in a stage with normalisation layers",
     "Random and stateful layers": "each module keeps its train/eval mode; the caller's draws are its own "
     "while the stages draw in threads of its process",
     "Live sources (`when_behind`)": "a source that raises gets the results of what it gave, then its error",

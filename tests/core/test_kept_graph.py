@@ -177,13 +177,13 @@ def normalised_losses(grad_mode, samples=12):
         return [r.loss for r in pipe.stream(zip(xs, ys))]
 
 
-def test_a_delayed_stage_with_normalisation_runs_its_forward_again_and_stays_finite():
+def test_a_delayed_stage_with_normalisation_keeps_its_forwards_weights_and_stays_finite():
     """A kept graph's BatchNorm statistics with the weights now scale each late gradient by the
     ratio of spreads now and then, compounded over the chain: this stream reached NaN at sample 5.
-    Such a stage forms its products as ``stash`` does."""
+    Such a stage forms its products as ``weight-stash`` does."""
     losses = normalised_losses("graph-stash")
     assert all(torch.isfinite(torch.tensor(loss)) for loss in losses), losses
-    assert losses == normalised_losses("stash")
+    assert losses == normalised_losses("weight-stash")
 
 
 def test_normalisation_is_named_where_it_uses_its_inputs_statistics():
@@ -196,3 +196,30 @@ def test_normalisation_is_named_where_it_uses_its_inputs_statistics():
     assert normalisation_in(norm.eval()) is None  # running statistics: nothing depends on the weights before
     traced = torch.fx.symbolic_trace(nn.Sequential(nn.Linear(2, 2)))
     assert normalisation_in(traced) is None
+
+
+def test_a_normalising_stage_resumes_from_a_checkpoint_exactly():
+    gen = torch.Generator().manual_seed(1)
+    xs = [torch.randn(1, 3, 2, 2, generator=gen) for _ in range(10)]
+    ys = [torch.randint(0, 10, (1,), generator=gen) for _ in range(10)]
+
+    def pipeline():
+        torch.manual_seed(0)
+        return partime.Pipeline(
+            normalised_convs(depth=4),
+            [9, 6],
+            executor="inline",
+            loss_fn=nn.CrossEntropyLoss(),
+            optimizer=lambda p: torch.optim.SGD(p, lr=0.05),
+        )
+
+    with pipeline() as pipe:
+        whole = [r.loss for r in pipe.stream(zip(xs, ys))]
+    with pipeline() as pipe:
+        first = [r.loss for r in (pipe.step(x, y) for x, y in zip(xs[:5], ys[:5])) if r is not None]
+        state = pipe.state_dict()
+    with pipeline() as pipe:
+        pipe.load_state_dict(state)
+        rest = [r.loss for r in (pipe.step(x, y) for x, y in zip(xs[5:], ys[5:])) if r is not None]
+        rest += [r.loss for r in pipe.flush()]
+    assert first + rest == whole

@@ -21,7 +21,8 @@ backward, and those depend on the weights before it: run back with the weights n
 scales the gradient at each such layer by about the ratio of its input's spread now to its spread
 then, and a chain of them compounds the ratios until a step overflows (a BatchNorm net learning
 one sample at a time with SGD at lr 0.01 reached NaN in six samples). ``normalisation_in`` names
-such a layer, so that the stage forms its products by running the forward again instead.
+such a layer, so that the stage keeps its forwards' weights with their graphs instead, as
+``weight-stash`` does: the product is then the exact one of the sample at the weights it went with.
 """
 
 from __future__ import annotations

@@ -120,12 +120,14 @@ class Stage:
         normalisation = normalisation_in(self.module) if keeps else None
         if normalisation is not None:
             log.info(
-                "stage %d runs each late gradient's sample forward again (as grad_mode='stash'): it holds "
-                "the normalisation layer %s, whose statistics a kept graph would mix with the weights now",
+                "stage %d forms each late gradient's product with the weights its sample went forward with "
+                "(as grad_mode='weight-stash'): it holds the normalisation layer %s, whose statistics a kept "
+                "graph would mix with the weights now",
                 index,
                 normalisation,
             )
         self._kept = KeptGraph(index, self._params) if keeps and normalisation is None else None
+        self._stashes_weights = config.grad_mode == "weight-stash" or normalisation is not None
         # the stage's own random stream (None: a stage made apart from a pipeline draws from the process's)
         self._random = None if config.random_state is None else RandomStream(index, config.random_state)
         self._anchors: dict[int, list[Tensor]] = {}  # delay-correction: the weights at each forward
@@ -151,7 +153,7 @@ class Stage:
         now: list[Tensor] = []  # a copy of the weights now, if the grad mode keeps one
         if self._learning.predictor is not None:
             record.weights = self._learning.predictor.predict()
-        elif self.config.grad_mode == "weight-stash":
+        elif self._stashes_weights:
             record.weights = [p.detach().clone().requires_grad_() for p in self._params]
             now = [w.detach() for w in record.weights]
         if self._learning.corrector is not None:
