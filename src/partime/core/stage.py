@@ -34,6 +34,7 @@ import torch
 from torch import Tensor, nn
 
 from ..learning.compensation import delay
+from ..learning.optimizer_state import LOSS_PREFIX, trainable
 from .boundary_values import as_tensors, copy_tensors, is_float
 from .kept_graph import KeptGraph, normalisation_in
 from .stage_config import (
@@ -94,17 +95,13 @@ class Stage:
         self.device = torch.device(device)
         self.module = module.to(self.device)
         self._slots = TensorSlots(self.module)  # to run a forward with other weights or buffers
-        named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+        named = trainable(module)
         self._names = [n for n, _ in named]
         self._params = [p for _, p in named]
         # A loss with parameters is part of the last stage: they learn there, with its optimizer.
         loss_fn = config.loss_fn
         self._loss_module = loss_fn if index == config.depth - 1 and isinstance(loss_fn, nn.Module) else None
-        loss_named = (
-            [(f"loss_fn.{n}", p) for n, p in self._loss_module.named_parameters() if p.requires_grad]
-            if self._loss_module is not None and config.learning
-            else []
-        )
+        loss_named = trainable(self._loss_module, LOSS_PREFIX) if config.learning else []
         self._loss_params = [p for _, p in loss_named]
         self._learning = make_learning(index, config, named, loss_named)  # its optimizer and compensation
         self.optimizer = self._learning.optimizer

@@ -60,6 +60,7 @@ class Learning(NamedTuple):
     spike: SpikeCompensation | None = None
     scale: float = 1.0
     given_lrs: tuple[Any, ...] = ()
+    before: tuple[Tensor, ...] = ()  # where ``step`` keeps the weights before a scaled step, made once
 
 
 def make_learning(
@@ -101,7 +102,9 @@ def make_learning(
         corrector = DelayCorrection(named, optimizer=optimizer)  # it reads which way each group goes
     if "spike" in chosen and tau > 0:
         spike = SpikeCompensation(optimizer, params, tau)
-    return Learning(optimizer, step_size, predictor, corrector, spike, scale, given_lrs)
+    scaled = scale != 1.0 or step_size is not None
+    before = tuple(torch.empty_like(p, requires_grad=False) for p in params) if scaled else ()
+    return Learning(optimizer, step_size, predictor, corrector, spike, scale, given_lrs, before)
 
 
 def _make_optimizer(
@@ -146,14 +149,18 @@ def step(
     factor = learning.scale * (1.0 if learning.step_size is None else learning.step_size.next_factor())
     # The step is scaled, not the lr: a schedule may set the lr during the step (a step hook),
     # and neither undoes the other. At factor 1 (no delay) nothing is copied: the plain step.
-    before = [p.detach().clone() for p in params] if factor != 1.0 else None
+    # Only the stage's own parameters have a scale other than 1 (a loss's learn at the last stage).
+    scaled: list[Tensor] = list(params[: len(learning.before)]) if factor != 1.0 else []
+    if scaled:
+        with torch.no_grad():
+            torch._foreach_copy_(list(learning.before), scaled)
     if learning.spike is not None:
         learning.spike.before_step()
     learning.optimizer.step()
     if learning.spike is not None:
         learning.spike.after_step()
-    if before is not None:
-        scale_steps(params, before, factor)
+    if scaled:
+        scale_steps(scaled, learning.before, factor)
     for p in params:
         p.grad = None
     if isinstance(learning.predictor, WeightPredictor):

@@ -353,10 +353,14 @@ class SpikeCompensation:
         p.addcdiv_(g - state["exp_avg"], denom, value=-lr * (1 - beta1**tau) / (1 - beta1**t))
 
 
-def trainable(model: torch.nn.Module, loss_fn: Any = None) -> list[tuple[str, Tensor]]:
-    """The trainable parameters that a pipeline's stages hand their optimizers, by name: the
-    model's, in order, then a loss module's (``loss_fn.<name>``), which learn at the last stage."""
-    named: list[tuple[str, Tensor]] = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    if isinstance(loss_fn, torch.nn.Module):
-        named += [(f"loss_fn.{n}", p) for n, p in loss_fn.named_parameters() if p.requires_grad]
-    return named
+LOSS_PREFIX = "loss_fn."
+"""What the names of a loss module's parameters start with, where a stage hands them to its optimizer."""
+
+
+def trainable(module: Any, prefix: str = "") -> list[tuple[str, torch.nn.Parameter]]:
+    """``module``'s trainable parameters in order, each named ``prefix`` + its name; none if it is
+    no ``nn.Module`` (a loss function without parameters). A pipeline's optimizers are handed the
+    model's, then a loss module's (``trainable(loss_fn, LOSS_PREFIX)``), which learn at the last stage."""
+    if not isinstance(module, torch.nn.Module):
+        return []
+    return [(prefix + n, p) for n, p in module.named_parameters() if p.requires_grad]

@@ -32,7 +32,7 @@ from ..executors import EXECUTORS, Executor
 from ..executors.base import READ_AHEAD
 from ..executors.distributed.on_rank_0 import on_rank_0
 from ..learning.compensation import check_compensation
-from ..learning.optimizer_state import check_optimizer_factory, trainable
+from ..learning.optimizer_state import LOSS_PREFIX, check_optimizer_factory, trainable
 from ..planning.balance import Balance
 from ..planning.partition import Partition, split
 from ..planning.planner import plan
@@ -264,7 +264,9 @@ class Pipeline:
                 nonfinite=nonfinite,
                 random_state=random_state,
             )
-            check_optimizer_factory(optimizer, self._config.compensation, trainable(layers, loss_fn))
+            check_optimizer_factory(
+                optimizer, self._config.compensation, trainable(layers) + trainable(loss_fn, LOSS_PREFIX)
+            )
             self._sigterm: SigtermGuard | None = SigtermGuard() if self._executor_class.child_processes else None
             self._state = PipelineState(supervised=takes_target(loss_fn) if loss_fn is not None else False)
             self._partition: Partition | None = args.partition
