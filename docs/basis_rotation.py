@@ -33,7 +33,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 import torch
 
-from partime.core import stage_learning
+from partime.core.stage import learning as stage_learning
 from partime.tools.fidelity import runs
 from partime.tools.fidelity.configs import Config
 from partime.tools.fidelity.tuning import TUNING_SEED, own_grid, reported_seeds, score

@@ -37,7 +37,7 @@ Answer. Not a bug in partime's code, and not the delay as such: it is the ``grap
 
 What changed after it. A delayed stage that holds a normalisation layer using its input's
 statistics now forms its products under ``graph-stash`` as ``weight-stash`` does
-(``partime.core.kept_graph.normalisation_in``; SPEC.md, "Learning: loss and backward"). The
+(``partime.core.stage.kept_graph.normalisation_in``; SPEC.md, "Learning: loss and backward"). The
 figures in ``docs/efficientnet_delay.txt`` were made at commit 1a4e80b, before that: run on a later
 commit, partime's ``graph-stash`` rows are its ``weight-stash`` rows, and no longer the
 hand-written ``graph-stash`` reference's.

@@ -8,7 +8,7 @@ have their time split, per tick, into:
 - **compute**: the stage's tick halves (``tick.forward_half``, ``tick.backward_half``): its
   forward, loss, backward and step, with partime's ``Stage`` around them;
 - **wait in / wait out**: blocked for a message (an activation, a gradient, a result) or for a
-  free slot to send one (``shared_memory.wait`` inside a link, ``Handoff.get``'s queue);
+  free slot to send one (``waiting.wait`` inside a link, ``Handoff.get``'s queue);
 - **copy in / copy out**: a link's copies of the tensors it carries, out of a shared-memory slot
   and into one (``Channel.get``/``put`` without their waits; ``Handoff.put``'s ``contiguous``);
 - **permit**: a worker waiting for the caller to offer the next tick;

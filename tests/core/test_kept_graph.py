@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 import partime
-from partime.core.kept_graph import KeptGraph
+from partime.core.stage.kept_graph import KeptGraph
 from partime.errors import StageError
 
 LR = 0.1
@@ -187,7 +187,7 @@ def test_a_delayed_stage_with_normalisation_keeps_its_forwards_weights_and_stays
 
 
 def test_normalisation_is_named_where_it_uses_its_inputs_statistics():
-    from partime.core.kept_graph import normalisation_in
+    from partime.core.stage.kept_graph import normalisation_in
 
     assert normalisation_in(nn.Sequential(nn.Linear(2, 2), nn.ReLU())) is None
     assert normalisation_in(nn.Sequential(nn.Linear(2, 2), nn.LayerNorm(2))) == "1 (LayerNorm)"

@@ -9,7 +9,8 @@ import torch
 from torch import nn
 
 import partime
-from partime.core import random_turns, stage_random
+from partime.core import random_turns
+from partime.core.stage import random_stream as stage_random
 
 MODES = ["stash", "weight-stash", "graph-stash"]  # partime mode's product is of another sample's forward
 EXECUTORS = ["inline", "thread", "process"]

@@ -5,7 +5,7 @@ import torch
 from torch import nn
 from torch.nn.utils import parametrize
 
-from partime.core.tensor_slots import TensorSlots
+from partime.core.stage.tensor_slots import TensorSlots
 
 
 class Tied(nn.Module):

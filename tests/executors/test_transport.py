@@ -13,7 +13,8 @@ import torch.multiprocessing as mp
 
 from partime.core.boundary_values import TensorSpec
 from partime.executors.messages import KIND_DATA, KIND_END, Message
-from partime.executors.process.shared_memory import POLL_S, Aborted, Channel, wait
+from partime.executors.process.shared_memory import Channel
+from partime.executors.waiting import POLL_S, Aborted, wait
 
 CTX = mp.get_context("spawn")
 PAIR = [TensorSpec((3, 4), torch.float32), TensorSpec((5,), torch.int64)]

@@ -6,15 +6,15 @@ from models import classification_stream, mlp
 from torch import nn
 
 import partime
+from partime.core.schedule import delay
 from partime.core.stage import Stage, StageConfig
-from partime.core.stage_learning import make_learning, step
+from partime.core.stage.learning import make_learning, step
 from partime.learning.compensation import (
     DELAY_CORRECTION_FLOOR,
     DelayCorrection,
     StepSizeScale,
     WeightPredictor,
     check_compensation,
-    delay,
     output_units,
     step_scale,
 )

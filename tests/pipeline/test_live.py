@@ -20,7 +20,7 @@ from torch import nn
 
 from partime import Pipeline
 from partime.checkpoint.format import CheckpointError
-from partime.core.stage_random import derived
+from partime.core.stage.random_stream import derived
 from partime.pipeline.arrivals import newest
 from partime.planning.partition import split
 from partime.sources import MONOTONIC, FakeClock, at_rate

@@ -10,7 +10,7 @@ import psutil
 import pytest
 from click.testing import CliRunner
 
-from partime.core import stage_config
+from partime.core.stage import config as stage_config
 from partime.tools.cli import main
 from partime.tools.fidelity import runs as fid
 from partime.tools.fidelity import tuning as fidelity_tuning

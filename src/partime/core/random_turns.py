@@ -26,7 +26,7 @@ gives the inline executor's samples, outputs and losses, to the bit. What is not
 made by the user's own other threads (not the caller's, nor a source's read by partime) while a
 stage's stream is swapped in, and the order of a live source's draws against the caller's.
 
-A stage whose first forward draws nothing (``stage_random.RandomStream``) says so
+A stage whose first forward draws nothing (``stage.random_stream.RandomStream``) says so
 (``Turns.draws_nothing``); once every stage thread of a pipeline draws nothing, its caller holds
 nothing either.
 """

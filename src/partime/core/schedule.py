@@ -36,6 +36,11 @@ def forward_sample(stage: int, tick: int, num_samples: int | None = None) -> int
     return s if _exists(s, num_samples) else None
 
 
+def delay(stage: int, depth: int) -> int:
+    """Steps between a sample's forward at ``stage`` and the step that applies its gradient."""
+    return 2 * (depth - 1 - stage)
+
+
 def backward_sample(stage: int, tick: int, depth: int, num_samples: int | None = None) -> int | None:
     """The sample whose gradient ``stage`` applies at ``tick`` when learning, or None."""
     s = tick - 2 * (depth - 1) + stage

@@ -43,7 +43,7 @@ from .base import Executor, Layout, stage_error, with_deadline
 from .caller_ends import Feeder, result_of
 from .hosted import HostedStage, Local
 from .in_flight import resume, stage_resume
-from .process.shared_memory import wait
+from .waiting import wait
 from .worker_loop import Link, Links
 
 CAPACITY = 2

@@ -15,7 +15,7 @@ from torch import Tensor
 
 from ..core.boundary_values import dense
 from .messages import Message
-from .process.shared_memory import POLL_S
+from .waiting import POLL_S
 
 
 class Signal:

@@ -37,7 +37,7 @@ from ..core.stage import Stage
 from ..core.tick import backward_half, forward_half
 from ..result import Result
 from .messages import KIND_DATA, KIND_END, KIND_SKIP, Message
-from .process.shared_memory import SPIN_S, wait
+from .waiting import SPIN_S, wait
 
 
 class Link(Protocol):
@@ -145,7 +145,7 @@ def run_stage(
 ) -> None:
     """A stage's life in its worker: segment after segment, the first one from ``tick`` on ``first``
     (a resumed stage's links, ``resume``), every other on ``links``, until ``check`` raises
-    (``shared_memory.Aborted``: the run is over) or the stage fails (its exception, with ``where``)."""
+    (``waiting.Aborted``: the run is over) or the stage fails (its exception, with ``where``)."""
     run_segment(stage, first or links, check, where, tick=tick, sent=sent)
     while True:
         run_segment(stage, links, check, where, sent=sent)

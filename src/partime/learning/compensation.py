@@ -135,11 +135,6 @@ def check_compensation(names: str | Sequence[str]) -> tuple[str, ...]:
     return names
 
 
-def delay(stage: int, depth: int) -> int:
-    """Steps between a sample's forward at ``stage`` and the step that applies its gradient."""
-    return 2 * (depth - 1 - stage)
-
-
 def step_scale(delay: int, power: float | None = None) -> float:
     """The scale of every step of a stage with ``delay`` under ``"step-scale"``: ``(1 + delay) ** -power``."""
     return float((1 + delay) ** -(STEP_SCALE_POWER if power is None else power))

@@ -1,7 +1,7 @@
 """Compensation that reads the optimizer's own state: SGD, SGD with momentum, Adam, AdamW.
 
 Stage ``i`` applies each gradient ``τ_i`` steps after the forward it belongs to
-(``compensation.delay``). The two remedies here use what the optimizer already knows about the
+(``core.schedule.delay``). The two remedies here use what the optimizer already knows about the
 steps to come: its momentum (SGD's ``momentum_buffer``, Adam's ``exp_avg``) and, for Adam, its
 step count and second moments. Both are exactly plain online learning at ``τ = 0``.
 

@@ -162,7 +162,7 @@ class Threaded:
 
     def _read(self) -> None:
         try:
-            # what the source draws from torch's random stream stays out of the stages' (stage_random)
+            # what the source draws from torch's random stream stays out of the stages' (core.stage.random_stream)
             reads = SourceReads(iter(self._items), TURNS)
             while True:
                 item = reads.next(_END)

@@ -14,7 +14,7 @@ nothing is installed outside the main thread or while no pipeline is open, and c
 pipeline restores the default action. SIGINT is left alone: its default already raises
 ``KeyboardInterrupt`` in the main thread, and the workers ignore it (the caller stops them). Where
 no handler could be installed, or the caller is killed outright (SIGKILL), the workers' own check
-that their caller is alive still ends them within ``shared_memory.POLL_S`` of their next wait.
+that their caller is alive still ends them within ``waiting.POLL_S`` of their next wait.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ import itertools
 import math
 from collections.abc import Collection, Sequence
 
-from ..learning.compensation import delay
+from ..core.schedule import delay
 from .partition import Partition, best_split, stage_time_table
 
 DELAY_SLACK = 0.1

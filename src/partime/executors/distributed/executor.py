@@ -63,7 +63,7 @@ from ..caller_ends import Feeder
 from ..driver import Driver
 from ..in_flight import executor_state, resume, stage_answer, stage_resume
 from ..messages import KIND_CHECKPOINT, KIND_PERMIT, KIND_SNAPSHOT, KIND_STATE
-from ..process.shared_memory import Aborted, wait
+from ..waiting import Aborted, wait
 from ..worker_loop import Links, Sent, Where, run_stage
 from .link import Permits
 from .plan import Plan, config_key, local_channel, modes_of, state_specs, wires

@@ -41,7 +41,7 @@ from torch import Tensor
 
 from ...core.boundary_values import TensorSpec, in_bytes
 from ..messages import KIND_CLOSE, KIND_DATA, KIND_PING, KIND_SKIP, Message
-from ..process.shared_memory import POLL_S, Aborted
+from ..waiting import POLL_S, Aborted
 
 if TYPE_CHECKING:
     from .ranks import Health
@@ -284,7 +284,7 @@ class RankLink:
 
 
 class Permits(threading.Semaphore):
-    """The permits of a stage's ticks. ``shared_memory.wait`` spins on non-blocking tries; here each
+    """The permits of a stage's ticks. ``waiting.wait`` spins on non-blocking tries; here each
     one lets the other threads of the process run, since one of them grants the permits."""
 
     def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:

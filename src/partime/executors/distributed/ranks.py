@@ -32,7 +32,7 @@ import torch.distributed as dist
 from ...core.boundary_values import TensorSpec
 from ...errors import StageError, WorkerDiedError
 from ..messages import Message
-from ..process.shared_memory import POLL_S, Aborted
+from ..waiting import POLL_S, Aborted
 from ..worker_loop import Where
 from .link import LINK_TIMEOUT_S, RankLink
 

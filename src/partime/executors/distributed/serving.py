@@ -20,7 +20,7 @@ from ...errors import PipelineClosedError
 from ...planning.partition import check_balance, split
 from ..in_flight import resume, stage_answer
 from ..messages import KIND_CHECKPOINT, KIND_CLOSE, KIND_PERMIT, KIND_SNAPSHOT, KIND_STATE, Message
-from ..process.shared_memory import POLL_S, Aborted, wait
+from ..waiting import POLL_S, Aborted, wait
 from ..worker_loop import Links, Sent, SentLog, Where, run_stage
 from .link import Permits
 from .plan import Plan, config_key, modes_of, state_specs, wires

@@ -28,7 +28,7 @@ processes later, even a SIGKILL of the whole process group.
 A failure in a worker travels back as data (stage, sample, phase, traceback); the worker then
 sets the stop flag, every other worker leaves at its next wait, and the caller raises the error
 as a ``StageError``. A worker that ends without a word (killed from outside) is noticed by the
-caller at its next wait (within ``shared_memory.POLL_S``) and raised as a ``WorkerDiedError`` naming
+caller at its next wait (within ``waiting.POLL_S``) and raised as a ``WorkerDiedError`` naming
 the tick the stage had not finished and that tick's sample: the caller knows every tick it
 offered and counts each stage's finished ticks. With a ``timeout``, a caller that waits longer
 than that for any stage raises a ``StageTimeoutError`` naming the stage that is behind, and
@@ -64,8 +64,9 @@ from ..driver import CAPACITY, JOIN_S, Driver
 from ..hosted import Count
 from ..in_flight import executor_state, stage_resume
 from ..spawning import ByValue, main_not_rerun
+from ..waiting import POLL_S
 from .semaphore import SharedSemaphore
-from .shared_memory import POLL_S, Channel, Flag
+from .shared_memory import Channel, Flag
 from .shm_room import Need, SharedMemoryError, channel_bytes, check_room, sharing, tensors_bytes, weights
 from .worker import FAILED, READY, WorkerArgs, work
 

@@ -22,8 +22,9 @@ from ...core.stage import Stage, StageConfig
 from ..in_flight import resume, stage_answer
 from ..malloc import keep_freed_memory
 from ..spawning import ByValue
+from ..waiting import Aborted
 from ..worker_loop import Links, Sent, Where, run_stage
-from .shared_memory import Aborted, Flag
+from .shared_memory import Flag
 
 # What a worker reports on its pipe: (kind, payload).
 READY = "ready"  # None: the stage is built (and resumed), its first tick may come

@@ -14,7 +14,7 @@ count of finished ticks), so ``sync``, checkpoints and the naming of a late or f
 the same. A stage that raises stops every other at its next wait; the caller raises a
 ``StageError`` naming the stage, the sample and the phase, with the original exception as its
 ``__cause__``. Ctrl-C in the caller stops and joins every thread (each leaves at its next wait,
-within ``shared_memory.POLL_S``, once its current tick's computation returns). A thread cannot be
+within ``waiting.POLL_S``, once its current tick's computation returns). A thread cannot be
 killed: one that a timeout found stuck is left behind (it is a daemon) with a warning.
 
 torch's threads: each stage thread sets torch's intra-op thread count for itself when it starts
@@ -53,7 +53,7 @@ from ..driver import JOIN_S, Driver
 from ..handoff import Handoff, Signal
 from ..hosted import Count
 from ..in_flight import executor_state, stage_answer
-from ..process.shared_memory import POLL_S, Aborted
+from ..waiting import POLL_S, Aborted
 from ..worker_loop import Links, Sent, Where, run_stage
 
 log = logging.getLogger(__name__)

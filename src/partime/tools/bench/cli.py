@@ -16,7 +16,7 @@ from pathlib import Path
 import click
 from rich.progress import Progress, TaskID
 
-from ...core.stage_config import DEFAULT_GRAD_MODE, GRAD_MODES
+from ...core.stage.config import DEFAULT_GRAD_MODE, GRAD_MODES
 from ...executors import EXECUTORS
 from ..report import print_bench, print_rate, print_sweep, progress_bar, wide_console
 from .models import MODELS

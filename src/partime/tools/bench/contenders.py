@@ -34,7 +34,7 @@ from torch import Tensor, nn
 from ... import Pipeline
 from ...core.boundary_values import as_tensors
 from ...core.stage import Stage, StageConfig
-from ...core.stage_config import DEFAULT_GRAD_MODE
+from ...core.stage.config import DEFAULT_GRAD_MODE
 from ...learning.compensation import check_compensation
 from ...planning.partition import Partition
 from ...planning.planner import torch_threads

@@ -18,7 +18,8 @@ import torch.multiprocessing as mp
 
 from ...core.boundary_values import TensorSpec
 from ...executors.messages import KIND_DATA, KIND_END
-from ...executors.process.shared_memory import SPIN_S, Aborted, Channel
+from ...executors.process.shared_memory import Channel
+from ...executors.waiting import SPIN_S, Aborted
 from ...planning.planner import torch_threads
 
 log = logging.getLogger(__name__)

@@ -34,7 +34,8 @@ from ...core.boundary_values import TensorSpec
 from ...executors.malloc import keep_freed_memory
 from ...executors.messages import KIND_DATA
 from ...executors.process.semaphore import SharedSemaphore
-from ...executors.process.shared_memory import POLL_S, Aborted, Channel, Flag
+from ...executors.process.shared_memory import Channel, Flag
+from ...executors.waiting import POLL_S, Aborted
 
 if TYPE_CHECKING:
     from typing_extensions import Self

@@ -31,7 +31,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import ExitStack
 from typing import Any
 
-from ...core.stage_config import DEFAULT_GRAD_MODE, GRAD_MODES
+from ...core.stage.config import DEFAULT_GRAD_MODE, GRAD_MODES
 from ...executors.malloc import keep_freed_memory
 from ...planning.partition import Partition
 from .bound import piece_alone

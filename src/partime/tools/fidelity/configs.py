@@ -13,7 +13,7 @@ from typing import cast
 
 from ...learning import optimizer_state
 from ...learning.compensation import AUTO, AUTOMATIC
-from ...core.stage_config import GRAD_MODES, StageConfig
+from ...core.stage.config import GRAD_MODES, StageConfig
 
 STREAMS = ("digits", "shuffled", "camera")
 OPTIMIZERS = ("sgd", "momentum", "adam")
@@ -36,7 +36,7 @@ _STASH = (
 # compensation="auto" chooses for the optimizer); a grad mode missing here is measured plain. The
 # optimizer-aware options need the optimizer's momentum (plain SGD has none, and its prediction is
 # its weights), and with a prediction both stash modes compute the same (the predicted weights are
-# stashed). "graph-stash" is measured wherever partime.core.stage_config.GRAD_MODES has it.
+# stashed). "graph-stash" is measured wherever partime.core.stage.config.GRAD_MODES has it.
 COMPENSATIONS = {
     "partime": ("",),
     "weight-stash": ("", "delay-correction"),

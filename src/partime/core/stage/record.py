@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .boundary_values import copy_tensors
+from ..boundary_values import copy_tensors
 
 
 @dataclass

@@ -33,11 +33,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..learning.compensation import delay
-from ..learning.optimizer_state import LOSS_PREFIX, trainable
-from .boundary_values import as_tensors, copy_tensors, is_float
-from .kept_graph import KeptGraph, normalisation_in
-from .stage_config import (
+from ...learning.optimizer_state import LOSS_PREFIX, trainable
+from ..boundary_values import as_tensors, copy_tensors, is_float
+from ..schedule import delay
+from .config import (
     DEFAULT_GRAD_MODE,
     GRAD_MODES,
     NONFINITE,
@@ -47,9 +46,10 @@ from .stage_config import (
     check_loss_fn,
     takes_target,
 )
-from .stage_learning import compensation_state, load_compensation_state, make_learning, step
-from .stage_random import RandomStream
-from .stage_record import Forward, record_from, record_state, to_device, value_of
+from .kept_graph import KeptGraph, normalisation_in
+from .learning import compensation_state, load_compensation_state, make_learning, step
+from .random_stream import RandomStream
+from .record import Forward, record_from, record_state, to_device, value_of
 from .tensor_slots import TensorSlots
 
 __all__ = [
@@ -66,7 +66,7 @@ __all__ = [
     "value_of",
 ]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("partime.core.stage")
 
 
 @dataclass(frozen=True)

@@ -20,16 +20,15 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor, nn
 
-from ..learning.compensation import (
+from ...learning.compensation import (
     DelayCorrection,
     StepSizeScale,
     WeightPredictor,
     chosen_compensation,
-    delay,
     scale_steps,
     step_scale,
 )
-from ..learning.optimizer_state import (
+from ...learning.optimizer_state import (
     OptimizerPrediction,
     SpikeCompensation,
     call_factory,
@@ -38,8 +37,9 @@ from ..learning.optimizer_state import (
     lengthen_momentum,
     shapes_listed,
 )
-from .boundary_values import copy_tensors
-from .stage_config import OptimizerFactory, StageConfig
+from ..boundary_values import copy_tensors
+from ..schedule import delay
+from .config import OptimizerFactory, StageConfig
 
 # The stage's logger, not this module's: the warning is about a stage, and is filtered as one.
 log = logging.getLogger("partime.core.stage")

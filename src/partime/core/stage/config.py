@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..learning.optimizer_state import described
+from ...learning.optimizer_state import described
 
 GRAD_MODES = ("partime", "stash", "weight-stash", "graph-stash")
 DEFAULT_GRAD_MODE = "graph-stash"

@@ -25,7 +25,7 @@ from contextlib import contextmanager
 import torch
 from torch import Tensor
 
-from .random_turns import TURNS
+from ..random_turns import TURNS
 
 
 def derived(origin: Tensor, stage: int) -> Tensor:
