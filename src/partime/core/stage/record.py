@@ -1,6 +1,6 @@
 """What a stage keeps of one forward, and its copy in a checkpoint.
 
-A ``Forward`` holds what the later product of a sample's gradient needs: its inputs (leaves),
+A ``ForwardRecord`` holds what the later product of a sample's gradient needs: its inputs (leaves),
 the weights it went forward with where the grad mode keeps them, and its graph while valid
 (in ``graph-stash`` mode, until the product, with the tensors it saved). ``record_state``
 copies one into plain values; ``record_from`` makes it again, without its graph. ``value_of`` (re-exported by ``partime.core.stage``) and ``to_device`` handle the values
@@ -20,7 +20,7 @@ from ..boundary_values import copy_tensors
 
 
 @dataclass
-class Forward:
+class ForwardRecord:
     """What a stage keeps of one forward, for a later backward."""
 
     sample: int
@@ -32,7 +32,7 @@ class Forward:
     random: Tensor | None = None  # the random state its forward started from, to run it again
 
 
-def record_state(record: Forward) -> dict[str, Any]:
+def record_state(record: ForwardRecord) -> dict[str, Any]:
     """Copies of ``record``, in plain values, and whether its graph was still valid."""
     return {
         "sample": record.sample,
@@ -45,13 +45,13 @@ def record_state(record: Forward) -> dict[str, Any]:
     }
 
 
-def record_from(state: dict[str, Any], leaf: Callable[[Tensor], Tensor], device: torch.device) -> Forward:
+def record_from(state: dict[str, Any], leaf: Callable[[Tensor], Tensor], device: torch.device) -> ForwardRecord:
     """A kept forward from ``record_state``, on ``device``, its inputs made leaves by ``leaf``,
     without its graph."""
     inputs = tuple(leaf(t.to(device)) for t in state["inputs"])
     weights = [w.detach().to(device).requires_grad_() for w in state["weights"]]
     saved = state.get("saved")  # a checkpoint made before graph-stash has none
-    return Forward(
+    return ForwardRecord(
         state["sample"],
         inputs,
         state["is_tuple"],

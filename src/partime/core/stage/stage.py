@@ -49,7 +49,7 @@ from .config import (
 from .kept_graph import KeptGraph, normalisation_in
 from .learning import compensation_state, load_compensation_state, make_learning, step
 from .random_stream import RandomStream
-from .record import Forward, record_from, record_state, to_device, value_of
+from .record import ForwardRecord, record_from, record_state, to_device, value_of
 from .tensor_slots import TensorSlots
 
 __all__ = [
@@ -128,8 +128,8 @@ class Stage:
         # the stage's own random stream (None: a stage made apart from a pipeline draws from the process's)
         self._random = None if config.random_state is None else RandomStream(index, config.random_state)
         self._anchors: dict[int, list[Tensor]] = {}  # delay-correction: the weights at each forward
-        self._newest: Forward | None = None  # partime: the newest input
-        self._pending: dict[int, Forward] = {}  # stash modes: forwards awaiting their gradient
+        self._newest: ForwardRecord | None = None  # partime: the newest input
+        self._pending: dict[int, ForwardRecord] = {}  # stash modes: forwards awaiting their gradient
         self._out_is_tuple = False
         self.phase = "start"  # what the stage is doing: forward, loss, backward or step
 
@@ -141,7 +141,7 @@ class Stage:
             with torch.no_grad(), self._drawing():
                 return self.module(value)
         tensors = as_tensors(value, f"input of stage {self.index}")
-        record = Forward(sample, tuple(self._leaf(t) for t in tensors), not isinstance(value, Tensor))
+        record = ForwardRecord(sample, tuple(self._leaf(t) for t in tensors), not isinstance(value, Tensor))
         if self.index < self.config.depth - 1:  # a delayed stage may run this forward again
             if self._random is None:
                 record.random = torch.get_rng_state()
@@ -287,7 +287,7 @@ class Stage:
             leaf.requires_grad_()
         return leaf
 
-    def _run(self, record: Forward, again: bool = False) -> tuple[Tensor, ...]:
+    def _run(self, record: ForwardRecord, again: bool = False) -> tuple[Tensor, ...]:
         """The forward of ``record.inputs`` with the weights the grad mode asks for, with graph.
 
         A sample's own forward draws from the stage's random stream and updates the module's
@@ -321,7 +321,7 @@ class Stage:
         """Within it, what the stage's forward or loss draws comes from the stage's own stream."""
         return self._random.drawing() if self._random is not None else contextlib.nullcontext()
 
-    def _record_for(self, sample: int) -> tuple[Forward, tuple[Tensor, ...]]:
+    def _record_for(self, sample: int) -> tuple[ForwardRecord, tuple[Tensor, ...]]:
         """The forward whose graph the product of ``sample``'s gradient uses, made valid, and its outputs."""
         if self.config.grad_mode == "partime":
             if self._newest is None:
@@ -335,7 +335,7 @@ class Stage:
         return record, outputs
 
     def _apply(
-        self, sample: int, record: Forward, outputs: tuple[Tensor, ...], grads: tuple[Tensor, ...] | None
+        self, sample: int, record: ForwardRecord, outputs: tuple[Tensor, ...], grads: tuple[Tensor, ...] | None
     ) -> Any:
         """Back-propagate ``sample``'s ``grads`` through ``record`` (None: ``outputs`` is the loss),
         step, return the gradient w.r.t. the input."""
