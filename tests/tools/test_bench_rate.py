@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from partime.sources import FakeClock
 from partime.tools.bench import rate as bench_rate
 from partime.tools.bench.rate import FRACTIONS, point, timed
-from partime.tools.bench.rate_contenders import Live, LiveContender, Run, plain_loop
+from partime.tools.bench.rate_contenders import Live, LiveContender, StreamTimes, plain_loop
 from partime.tools.bench.rate_search import RANGE, Search, sustained_rates
 from partime.tools.cli import main
 
@@ -117,15 +117,15 @@ def test_a_search_looks_no_further_than_its_range():
 
 def test_the_figures_of_runs_at_one_rate_take_their_timed_frames_together():
     nan = math.nan
-    one = Run(10.0, [0.0, 0.1, 0.2, 0.3], [0.05, nan, 0.35, 0.4], [False, True, False, False])
-    two = Run(10.0, [5.0, 5.1, 5.2, 5.3], [5.5, 5.2, nan, 5.4], [False, False, True, False])
+    one = StreamTimes(10.0, [0.0, 0.1, 0.2, 0.3], [0.05, nan, 0.35, 0.4], [False, True, False, False])
+    two = StreamTimes(10.0, [5.0, 5.1, 5.2, 5.3], [5.5, 5.2, nan, 5.4], [False, False, True, False])
     figures = point([one, two], warmup=1, samples=3)  # frames 1, 2, 3 of each: two dropped, latencies .15 .1 .1 .1
     assert figures["offered"] == 6 and figures["dropped"] == 2 and figures["offered_fps"] == 10.0
     assert figures["kept_fps"] == pytest.approx(10.0 * 4 / 6)
     assert figures["latency_p50_ms"] == pytest.approx(100.0) and figures["latency_p99_ms"] == pytest.approx(150.0)
     with pytest.raises(ValueError, match="a run of 4 frames has no 4 timed after a warm-up of 1"):
         timed(one, 1, 4)
-    nothing = point([Run(10.0, [0.0], [nan], [True])], warmup=0, samples=1)
+    nothing = point([StreamTimes(10.0, [0.0], [nan], [True])], warmup=0, samples=1)
     assert nothing["dropped"] == 1 and nothing["latency_p99_ms"] is None
 
 

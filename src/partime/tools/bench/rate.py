@@ -38,7 +38,7 @@ from .clocks import cpu_clocks, others_busy
 from .contenders import Setting
 from .latency import latencies
 from .models import conv_net
-from .rate_contenders import Live, LiveContender, Run, pipelined, plain
+from .rate_contenders import Live, LiveContender, StreamTimes, pipelined, plain
 from .rate_search import Probe, Search, sustained_rates
 from .runner import CLASSES, Progress, frames, median_ms, optimizer_named
 from .sweep import round_order
@@ -123,7 +123,7 @@ def run_rate(
             points = [(f, {name: f * sustained[name] for name in names}) for f in FRACTIONS]
         else:
             points = [(None, dict.fromkeys(names, rate))]
-        runs: dict[tuple[str, int], list[Run]] = {(name, p): [] for name in names for p in range(len(points))}
+        runs: dict[tuple[str, int], list[StreamTimes]] = {(name, p): [] for name in names for p in range(len(points))}
         for r, order in enumerate(round_order(names, rounds)):
             for p, (fraction, rates) in enumerate(points):
                 at = "" if fraction is None else f" at {fraction:.0%} of each one's highest rate"
@@ -205,15 +205,15 @@ def _sustained(name: str, searches: dict[str, list[Search]], seq: dict[int, str]
     )
 
 
-def timed(run: Run, warmup: int, samples: int) -> Run:
+def timed(run: StreamTimes, warmup: int, samples: int) -> StreamTimes:
     """The ``samples`` frames of ``run`` after its ``warmup`` (a ValueError if it has fewer)."""
     if len(run.dropped) < warmup + samples:
         raise ValueError(f"a run of {len(run.dropped)} frames has no {samples} timed after a warm-up of {warmup}")
     cut = slice(warmup, warmup + samples)
-    return Run(run.fps, run.arrived[cut], run.handed[cut], run.dropped[cut])
+    return StreamTimes(run.fps, run.arrived[cut], run.handed[cut], run.dropped[cut])
 
 
-def point(runs: Sequence[Run], warmup: int, samples: int) -> dict[str, Any]:
+def point(runs: Sequence[StreamTimes], warmup: int, samples: int) -> dict[str, Any]:
     """The figures of ``runs`` at one rate, their timed frames taken together: ``offered_fps``,
     ``offered``, ``dropped``, ``kept_fps`` and the p50 and p99 latency of the kept frames (ms);
     without runs, 0 frames offered and None for the rest."""

@@ -3,7 +3,7 @@
 A contender is opened once on a ``bench_contenders.Setting`` and then run many times; a run
 streams the setting's frames, either recorded (``fps=None``: as fast as the contender takes them)
 or as a live source (``partime.sources.at_rate(frames, fps)``) under ``when_behind="drop"``, and
-returns a ``Run``: for every frame, in order, when it arrived, when its result was handed out,
+returns a ``StreamTimes``: for every frame, in order, when it arrived, when its result was handed out,
 and whether it was dropped. The contenders:
 
 - ``plain(threads)``: a copy of the model with ``threads`` torch threads, in a plain loop over
@@ -35,7 +35,7 @@ from .runner import plain_step
 
 
 @dataclass(frozen=True)
-class Run:
+class StreamTimes:
     """One stream of a contender at ``fps`` (None: recorded): for frame ``k``, when it arrived
     (``arrived[k]``, seconds on the source's clock), when its result was handed out
     (``handed[k]``) and whether it was dropped (``dropped[k]``: it never went in)."""
@@ -50,7 +50,7 @@ class Run:
 class Live:
     """An opened contender: ``run(fps)`` streams its setting once; a pipeline has the cut it chose."""
 
-    run: Callable[[float | None], Run]
+    run: Callable[[float | None], StreamTimes]
     partition: Partition | None = None
 
 
@@ -76,7 +76,7 @@ def plain(threads: int) -> LiveContender:
     def open_(setting: Setting) -> Iterator[Live]:
         one = plain_step(copy.deepcopy(setting.model), setting.ys, setting.optimizer)
 
-        def run(fps: float | None) -> Run:
+        def run(fps: float | None) -> StreamTimes:
             with torch_threads(threads):
                 return plain_loop(setting.xs, one, fps)
 
@@ -88,7 +88,7 @@ def plain(threads: int) -> LiveContender:
 
 def plain_loop(
     items: Iterable[Any], one: Callable[[int, Any], None], fps: float | None, clock: Clock = MONOTONIC
-) -> Run:
+) -> StreamTimes:
     """``one(k, item)`` on the items of ``items``: each in turn (``fps=None``), or on the newest
     arrived of ``at_rate(items, fps, clock=clock)`` (``arrivals.newest``), the ones it replaced
     dropped; each handed out when ``one`` returns."""
@@ -101,7 +101,7 @@ def plain_loop(
             one(k, item)
             handed.append(clock.now())
             dropped.append(False)
-        return Run(None, arrived, handed, dropped)
+        return StreamTimes(None, arrived, handed, dropped)
     source = at_rate(enumerate(items), fps, clock=clock)
     for (k, item), at, _ in newest(source):
         start = at - k / fps  # when the stream began: item k arrives at start + k / fps
@@ -113,7 +113,7 @@ def plain_loop(
         arrived.append(at)
         handed.append(clock.now())
         dropped.append(False)
-    return Run(fps, arrived, handed, dropped)
+    return StreamTimes(fps, arrived, handed, dropped)
 
 
 def pipelined(executor: str, depth: int) -> LiveContender:
@@ -131,13 +131,13 @@ def pipelined(executor: str, depth: int) -> LiveContender:
         with torch_threads(1), Pipeline(setting.model, depth, **options) as pipe:
             targets = setting.ys
 
-            def run(fps: float | None) -> Run:
+            def run(fps: float | None) -> StreamTimes:
                 source = iter(setting.xs) if fps is None else at_rate(setting.xs, fps)
                 ys = None if targets is None else iter(targets)
                 results = list(pipe.stream(source, ys, when_behind="wait" if fps is None else "drop"))
                 arrived = [r.offered_at for r in results]
                 handed = [math.nan if r.dropped else r.handed_at for r in results]
-                return Run(fps, arrived, handed, [r.dropped for r in results])
+                return StreamTimes(fps, arrived, handed, [r.dropped for r in results])
 
             yield Live(run, pipe.partition)
 
