@@ -1,4 +1,5 @@
-"""The package's imports: no cycle between its modules, no private name taken from another module."""
+"""The package's imports and layout: no cycle between its modules, no private name taken from another
+module, one class per name, and which subpackages may import which."""
 
 from __future__ import annotations
 
@@ -31,20 +32,11 @@ def _source(name: str, path: Path, node: ast.ImportFrom) -> str:
 
 
 def _imports(name: str, path: Path) -> list[tuple[str, list[str], int]]:
-    """(module, names taken from it, line) for every import of a partime module in ``path``, but
-    those only a type checker reads (under ``if TYPE_CHECKING:``)."""
-    tree = ast.parse(path.read_text())
-    checking = {
-        id(node)
-        for block in ast.walk(tree)
-        if isinstance(block, ast.If) and "TYPE_CHECKING" in ast.unparse(block.test)
-        for statement in block.body
-        for node in ast.walk(statement)
-    }
+    """(module, names taken from it, line) for every import of a partime module in ``path``: at the
+    top, inside a function, and under ``if TYPE_CHECKING:`` alike (a cycle a type checker or a late
+    import hides is still two modules that each need the other)."""
     found = []
-    for node in ast.walk(tree):
-        if id(node) in checking:
-            continue
+    for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom):
             module = _source(name, path, node)
             if module.split(".")[0] == "partime":
@@ -154,3 +146,89 @@ def test_every_subpackage_says_what_it_holds() -> None:
     for init in PACKAGE.rglob("__init__.py"):
         doc = ast.get_docstring(ast.parse(init.read_text()))
         assert doc and len(doc) > 40, init
+
+
+def _reached(start: str, edges: dict[str, set[str]]) -> set[str]:
+    """The partime modules that importing ``start`` imports, directly or through others."""
+    seen: set[str] = set()
+    todo = [start]
+    while todo:
+        for module in edges.get(todo.pop(), ()):
+            if module not in seen:
+                seen.add(module)
+                todo.append(module)
+    return seen
+
+
+def _imported_from(packages: tuple[str, ...], others: str, edges: dict[str, set[str]]) -> list[str]:
+    """``module -> imported`` for every module of ``packages`` that imports, directly or through
+    others, a module of the package ``others``."""
+    return [
+        f"{module} -> {reached}"
+        for module in sorted(edges)
+        if module in packages or module.startswith(tuple(f"{p}." for p in packages))
+        for reached in sorted(_reached(module, edges))
+        if reached == others or reached.startswith(f"{others}.")
+    ]
+
+
+def test_the_reach_follows_imports_through_others() -> None:
+    edges = {"a.x": {"b"}, "b": {"c.y"}, "c.y": set(), "d": {"a.x"}}
+    assert _reached("a.x", edges) == {"b", "c.y"}
+    assert _imported_from(("a",), "c", edges) == ["a.x -> c.y"]
+    assert _imported_from(("d",), "c", edges) == ["d -> c.y"]
+    assert _imported_from(("b",), "a", edges) == []
+
+
+PROCESS = "partime.executors.process"
+
+ON_ONE_RANK = ("partime.executors.distributed.plan", f"{PROCESS}.shared_memory", ["Channel"])
+"""The one import of the process executor's code by another executor: ``plan.local_channel`` makes
+the channels between two threads of rank 0 (the input, and the results and targets when the last
+stage is rank 0's) as ``shared_memory.Channel``s on threading semaphores. Ranks themselves never
+share memory: every link between two ranks is a ``RankLink``."""
+
+
+def test_the_waiting_code_needs_no_process_executor() -> None:
+    assert _imported_from(("partime.executors.waiting",), PROCESS, _edges()) == []
+
+
+def test_the_thread_and_distributed_executors_need_the_process_executor_only_for_rank_0s_channels() -> None:
+    importer, imported, names = ON_ONE_RANK
+    path = MODULES[importer]
+    assert [(m, n) for m, n, _ in _imports(importer, path) if m.startswith(PROCESS)] == [(imported, names)]
+    edges = _edges()
+    edges[importer] = edges[importer] - {imported}
+    others = ("partime.executors.thread", "partime.executors.distributed")
+    assert _imported_from(others, PROCESS, edges) == []
+
+
+def test_the_learning_rules_need_no_executor() -> None:
+    assert _imported_from(("partime.learning",), "partime.executors", _edges()) == []
+
+
+STAGE_MODULES = {"stage", "config", "learning", "record", "kept_graph", "tensor_slots", "random_stream"}
+
+
+def test_the_stages_modules_are_in_core_stage() -> None:
+    inside = {m.removeprefix("partime.core.stage.") for m in MODULES if m.startswith("partime.core.stage.")}
+    assert inside == STAGE_MODULES
+    beside = {m.removeprefix("partime.core.") for m in MODULES if m.count(".") == 2 and m.startswith("partime.core.")}
+    assert beside & STAGE_MODULES == {"stage"}  # the subpackage itself, nothing of it beside it
+    assert [m for m in MODULES if m.rpartition(".")[2].startswith("stage_")] == []
+
+
+def _classes() -> dict[str, list[str]]:
+    """Every class of the package by name: where each one of that name is defined."""
+    found: dict[str, list[str]] = {}
+    for path in MODULES.values():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                found.setdefault(node.name, []).append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}")
+    return found
+
+
+def test_no_two_classes_share_a_name() -> None:
+    classes = _classes()
+    assert "Stage" in classes and "Pipeline" in classes  # the walk finds them
+    assert {name: where for name, where in classes.items() if len(where) > 1} == {}

@@ -22,8 +22,8 @@ A message on a link whose only payload is ``KIND_DATA``'s (activations, gradient
 targets) is one frame of bytes (header and tensors, of a size fixed by the layout), so one send
 per hop; such a link also carries ``KIND_SKIP`` (``nonfinite="skip"``), with the same tensors
 (a result whose loss was skipped) or none (a hole, a gradient that will not come); the ranks call the process group's own ``send``/``recv`` and wait at once, skipping
-``torch.distributed.send``'s checks. A link that breaks is reported to the run's ``Health``
-(``ranks.py``), which publishes it to every rank.
+``torch.distributed.send``'s checks. A link that breaks says so through the ``report_loss`` its
+maker gives it: the run's ``Health.lost`` (``ranks.py``), which publishes it to every rank.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -42,9 +42,6 @@ from torch import Tensor
 from ...core.boundary_values import TensorSpec, in_bytes
 from ..messages import KIND_CLOSE, KIND_DATA, KIND_PING, KIND_SKIP, Message
 from ..waiting import POLL_S, Aborted
-
-if TYPE_CHECKING:
-    from .ranks import Health
 
 PING_S = 2.0
 """How long a link may be idle before its sending thread sends a ping."""
@@ -116,10 +113,11 @@ class RankLink:
         sending: bool,
         payload: Mapping[int, tuple[TensorSpec, ...]],
         device: torch.device,
-        health: Health,
+        report_loss: Callable[[str, int, BaseException], None],
         deliver: Callable[[Message], None] | None = None,
     ):
-        self.name, self.group, self.peer, self.device, self.health = name, group, peer, device, health
+        self.name, self.group, self.peer, self.device = name, group, peer, device
+        self._report_loss = report_loss  # (link's name, peer, what broke it): the loss of the peer
         self.sending, self.payload = sending, payload
         self._to = dist.get_group_rank(group, peer)  # the process group's own calls: no per-call checks
         self._packed = set(payload) == {KIND_DATA}
@@ -154,8 +152,8 @@ class RankLink:
         """Send one message; it is on the wire when ``put`` returns, and the caller keeps the tensors.
 
         A ValueError names the link and both layouts unless the tensors are the ones ``payload``
-        gives for ``kind``. Once the link is hung up or broken (a broken link is reported to the
-        run's ``Health`` first, as the loss of the peer), ``check`` is asked, and what it raises
+        gives for ``kind``. Once the link is hung up or broken (a broken link is reported to
+        ``report_loss`` first, as the loss of the peer), ``check`` is asked, and what it raises
         propagates: rank 0's caller, whose check raises the run's failure, gets the error that names
         the stage, as it does while it waits. Otherwise ``Aborted``. A send never waits for room;
         while another send holds the wire, ``check`` is asked every ``POLL_S``.
@@ -177,7 +175,7 @@ class RankLink:
                     self._send(kind, index, scalar, tensors)
                     return
                 except Exception as exc:  # noqa: BLE001 - the peer is gone, or the wire: raised below
-                    self.health.lost(self.name, self.peer, exc)
+                    self._report_loss(self.name, self.peer, exc)
                     broken = exc
         finally:
             self._lock.release()
@@ -251,7 +249,7 @@ class RankLink:
             with self._lock:
                 self._send(KIND_CLOSE, 0, 0.0, ())
         except BaseException as exc:  # noqa: BLE001 - the run's failure, seen from this link
-            self.health.lost(self.name, self.peer, exc)
+            self._report_loss(self.name, self.peer, exc)
 
     def _receive(self, size: int) -> Tensor:
         frame = torch.empty(size, dtype=torch.uint8, device=self.device)
@@ -280,7 +278,7 @@ class RankLink:
                     except Aborted:  # the run is over: go on receiving, until the other end hangs up
                         pass
         except BaseException as exc:  # noqa: BLE001 - the run's failure, seen from this link
-            self.health.lost(self.name, self.peer, exc)
+            self._report_loss(self.name, self.peer, exc)
 
 
 class Permits(threading.Semaphore):

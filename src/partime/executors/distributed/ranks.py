@@ -218,7 +218,7 @@ class Run:
                     sending,
                     wire.payload,
                     torch.device("cpu") if small else self.wire,
-                    self.health,
+                    self.health.lost,
                     deliver=control if wire.name.startswith("control") and not sending else None,
                 )
 

@@ -49,8 +49,8 @@ def measure_link_hop(nbytes: int = 65536, rounds: int = 1000) -> dict[str, float
         run.close()
         return None
     peer, cpu, payload = 1 - rank, torch.device("cpu"), {KIND_DATA: (TensorSpec((nbytes // 4,), torch.float32),)}
-    there = RankLink("hop 0->1", run.groups[1], peer, rank == 0, payload, cpu, run.health)
-    back = RankLink("hop 1->0", run.groups[2], peer, rank == 1, payload, cpu, run.health)
+    there = RankLink("hop 0->1", run.groups[1], peer, rank == 0, payload, cpu, run.health.lost)
+    back = RankLink("hop 1->0", run.groups[2], peer, rank == 1, payload, cpu, run.health.lost)
     run.links = {"there": there, "back": back}
     x, check = torch.randn(nbytes // 4), run.health.check
 
