@@ -71,9 +71,14 @@ class KeptGraph:
         """Hooks for the forward of ``sample``: its graph stays valid across the stage's steps;
         every saved tensor that is not a parameter is appended to ``saved``."""
 
-        def pack(t: Tensor) -> tuple[Tensor, int | None]:
-            if _storage(t) in self._storages:
-                return t, None
+        storages = self._storages
+
+        def pack(t: Tensor) -> tuple[Tensor, int | None]:  # run for every tensor a forward saves: kept short
+            try:
+                if t.untyped_storage().data_ptr() in storages:
+                    return t, None
+            except (RuntimeError, NotImplementedError):  # no storage (sparse, opaque): not a parameter
+                pass
             saved.append(t)
             return t, t._version
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,6 +68,9 @@ __all__ = [
 ]
 
 log = logging.getLogger("partime.core.stage")
+
+_NOTHING = contextlib.nullcontext()
+"""A context that does nothing, made once (it can be entered again and again)."""
 
 
 @dataclass(frozen=True)
@@ -131,6 +135,10 @@ class Stage:
         self._newest: ForwardRecord | None = None  # partime: the newest input
         self._pending: dict[int, ForwardRecord] = {}  # stash modes: forwards awaiting their gradient
         self._out_is_tuple = False
+        # what a boundary value is called in an error (made once: a tick formats no text)
+        self._input_name = f"input of stage {index}"
+        self._gradient_name = f"gradient at stage {index}"
+        self._output_name = f"output of stage {index}"
         self.phase = "start"  # what the stage is doing: forward, loss, backward or step
 
     def forward(self, sample: int, value: Any) -> Any:
@@ -140,7 +148,7 @@ class Stage:
         if not self.config.learning:
             with torch.no_grad(), self._drawing():
                 return self.module(value)
-        tensors = as_tensors(value, f"input of stage {self.index}")
+        tensors = as_tensors(value, self._input_name)
         record = ForwardRecord(sample, tuple(self._leaf(t) for t in tensors), not isinstance(value, Tensor))
         if self.index < self.config.depth - 1:  # a delayed stage may run this forward again
             if self._random is None:
@@ -208,7 +216,7 @@ class Stage:
         """
         self.phase = "backward"
         record, outputs = self._record_for(sample)
-        grads = tuple(t.to(self.device) for t in as_tensors(grad, f"gradient at stage {self.index}"))
+        grads = tuple(t.to(self.device) for t in as_tensors(grad, self._gradient_name))
         return self._apply(sample, record, outputs, grads)
 
     def drop(self, sample: int) -> None:
@@ -299,9 +307,39 @@ class Stage:
         collected there, or, run ``again``, taken from there (a checkpoint's copies)."""
         # On a clone, so that a layer working in place changes neither a stashed input nor a leaf.
         value = value_of(tuple(t.clone() for t in record.inputs), record.is_tuple)
-        swapped = dict(zip(self._names, record.weights))
+        swapped = dict(zip(self._names, record.weights)) if record.weights else {}
         if again:
             swapped.update((name, b.clone()) for name, b in self.module.named_buffers())
+        if self._plain_forward(record, again):
+            out = self._call(value, swapped)
+        else:
+            with self._around(record, again):
+                out = self._call(value, swapped)
+        self._out_is_tuple = not isinstance(out, Tensor)
+        return as_tensors(out, self._output_name)
+
+    def _call(self, value: Any, swapped: dict[str, Tensor]) -> Any:
+        """The module on ``value``, with the ``swapped`` tensors in place of its own."""
+        if not swapped:
+            return self.module(value)
+        with self._slots.holding(swapped):
+            return self.module(value)
+
+    def _plain_forward(self, record: ForwardRecord, again: bool) -> bool:
+        """Whether the forward of ``record`` needs nothing around it: autograd is on already, it keeps
+        no graph across steps, and it draws nothing from a stream of its own (the steady tick of most
+        stages: a plain call of the module)."""
+        return (
+            not again
+            and record.saved is None
+            and (self._random is None or self._random.draws is False)
+            and torch.is_grad_enabled()
+        )
+
+    @contextlib.contextmanager
+    def _around(self, record: ForwardRecord, again: bool) -> Iterator[None]:
+        """Autograd on, the kept graph's hooks (``record.saved``: collected, or taken from there
+        ``again``) and the stage's random stream (``again``: replayed from ``record.random``)."""
         hooks: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
         if record.saved is not None:
             assert self._kept is not None  # only a graph-stash stage's records save
@@ -309,17 +347,13 @@ class Stage:
             hooks = keep(record.sample, record.saved)
         randomness = RandomStream.replaying(record.random) if again else self._drawing()
         with torch.enable_grad(), hooks, randomness:
-            if swapped:
-                with self._slots.holding(swapped):
-                    out = self.module(value)
-            else:
-                out = self.module(value)
-        self._out_is_tuple = not isinstance(out, Tensor)
-        return as_tensors(out, f"output of stage {self.index}")
+            yield
 
     def _drawing(self) -> contextlib.AbstractContextManager[None]:
         """Within it, what the stage's forward or loss draws comes from the stage's own stream."""
-        return self._random.drawing() if self._random is not None else contextlib.nullcontext()
+        if self._random is None or self._random.draws is False:
+            return _NOTHING  # a stage that draws nothing needs no turn at the generator
+        return self._random.drawing()
 
     def _record_for(self, sample: int) -> tuple[ForwardRecord, tuple[Tensor, ...]]:
         """The forward whose graph the product of ``sample``'s gradient uses, made valid, and its outputs."""
