@@ -176,18 +176,22 @@ def sweep(tmp_path_factory):
 def test_the_sweep_reports_every_contender_at_every_size(sweep):
     output, rows, _ = sweep
     assert "partime bench, inference" in output and "partime bench, learning" in output
+    assert "÷ floor" in output and "python floor: the simplest Python pipeline of the same cut" in output
     cores = os.cpu_count() or 1
     sequential = {"sequential 1 thread"} | ({f"sequential {cores} threads"} if cores > 1 else set())
     for size in (8, 12):
         for mode in ("inference", "learning"):
             found = {r["contender"]: r for r in rows if r["size"] == size and r["mode"] == mode}
             expected = sequential | {"process D=2", "thread D=2", "process auto", "bound D=2", "own tick D=2"}
+            expected.add("python floor D=2")
             if mode == "inference":
                 expected.add("replicas D=2")  # replicas do not learn
             assert expected <= found.keys() and len(bounds := [r for r in found.values() if r["kind"] == "bound"]) >= 1
             ticks = [r for r in found.values() if r["kind"] == "own tick"]
             assert [r["balance"] for r in ticks] == [r["balance"] for r in bounds]  # both figures of every cut
-            assert found.keys() - expected <= {r["contender"] for r in bounds + ticks}, found.keys()  # another cut's
+            floors = [r for r in found.values() if r["kind"] == "python floor"]
+            assert [r["balance"] for r in floors] == [r["balance"] for r in bounds if len(r["balance"]) > 1]
+            assert found.keys() - expected <= {r["contender"] for r in bounds + ticks + floors}, found.keys()
             for row in found.values():
                 for key in (
                     "ms_per_sample",
@@ -214,7 +218,15 @@ def test_the_sweep_reports_every_contender_at_every_size(sweep):
                     assert len(bound["stage_alone_ms"]) == len(pipe["balance"]) == bound["depth"]
                     assert pipe[f"{key}_ms"] == bound["ms_per_sample"] == max(bound["stage_alone_ms"])
                     assert pipe[f"ms_over_{key}"] == pipe["ms_per_sample"] / pipe[f"{key}_ms"]
+                if len(pipe["balance"]) > 1:  # a cut of two stages or more has its floor
+                    floor = found[pipe["floor"]]
+                    assert floor["kind"] == "python floor" and floor["balance"] == pipe["balance"]
+                    assert name in floor["pipelines"] and pipe["floor_ms"] == floor["ms_per_sample"]
+                    assert pipe["ms_over_floor"] == pipe["ms_per_sample"] / pipe["floor_ms"]
+                else:  # "process auto" falling back to the model alone: no pipeline, no floor
+                    assert pipe["floor"] is None and pipe["ms_over_floor"] is None
             assert found["sequential 1 thread"]["bound_stage_ms"] == bounds[0]["ms_per_sample"]
+            assert {r["floor_left_out"] for r in found.values()} == {None}
             assert {r["activation_bytes"] for r in found.values()} == {24 * size * size * 4}
 
 

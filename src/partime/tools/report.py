@@ -128,6 +128,12 @@ def print_sweep(console: Console, rows: list[dict], json_path: Path | None) -> N
         "ms/sample over them; latency: from the moment the stream pulls a sample to the moment its result comes "
         "out, over the timed samples of every round"
     )
+    console.print(
+        first.get("floor_left_out")
+        or "python floor: the simplest Python pipeline of the same cut (benchmarks/python_floor.py: a spawned process "
+        "per stage but the last, shared-memory rings with semaphores, one thread each; learning, each sample's graph "
+        "kept for its late gradient, no compensation); ÷ floor: ms/sample over it"
+    )
     busy = max([row.get("hop_others_busy") or 0.0 for row in rows] + [row["others_busy"] or 0.0 for row in rows])
     _close(console, rows, json_path, busy, "up to", " (column 'others'): the sizes where they did are skewed")
 
@@ -149,6 +155,7 @@ def sweep_table(rows: list[dict]) -> Table:
         "× seq 1 thr",
         "× seq all cores",
         "÷ bound",
+        "÷ floor",
         "÷ own tick",
     )
     names += ("p50 ms", "p99 ms", "others", "cut")
@@ -166,6 +173,7 @@ def sweep_table(rows: list[dict]) -> Table:
             f"{row['speedup_vs_seq_1thread']:.2f}",
             f"{row['speedup_vs_seq_allcores']:.2f}",
             "" if row.get("ms_over_bound") is None else f"{row['ms_over_bound']:.2f}",
+            "" if row.get("ms_over_floor") is None else f"{row['ms_over_floor']:.2f}",
             "" if row.get("ms_over_own_tick") is None else f"{row['ms_over_own_tick']:.2f}",
             f"{row['latency_p50_ms']:.2f}",
             f"{row['latency_p99_ms']:.2f}",

@@ -14,6 +14,8 @@ when each sample was offered and when its result was handed out (a ``Timing``). 
   its hops to add;
 - ``bench_bound.piece_alone(partition, stage)``: the model's own piece of that stage with plain
   torch, no partime around it: the slowest piece is the *bound* of the cut.
+- ``floor.python_floor(name, partition)``: the simplest Python pipeline of that cut
+  (``benchmarks/python_floor.py``), the *floor* partime's pipelines should beat.
 
 A learning contender learns with the setting's optimizer (``Setting.optimizer``).
 """
@@ -138,7 +140,7 @@ def replicas(depth: int) -> Contender:
     @contextmanager
     def open_(setting: Setting) -> Iterator[Opened]:
         with torch_threads(1), Replicas(setting.model, depth, setting.xs[0]) as peers:
-            yield Opened(lambda: _time_stream(setting, peers.stream))
+            yield Opened(lambda: time_stream(setting, peers.stream))
 
     return Contender(f"replicas D={depth}", "replicas", depth, 1, open_, inference_only=True)
 
@@ -163,7 +165,7 @@ def pipeline(kind: PipelineKind, depth: int) -> Contender:
             def stream(offered: Offered[Tensor]) -> Iterator[Any]:
                 return pipe.stream(offered, None if targets is None else iter(targets))
 
-            yield Opened(lambda: _time_stream(setting, stream), pipe.partition)
+            yield Opened(lambda: time_stream(setting, stream), pipe.partition)
 
     name = kind.name if "balance" in kind.options else f"{kind.name} D={depth}"  # its own balance: its own depth
     return Contender(name, "pipeline", depth, 1, open_, executor=kind.executor)
@@ -229,7 +231,7 @@ def time_calls(items: Iterable[T], results: int, one: Callable[[int, T], None]) 
     return Timing(offered.offered_at[:results], handed)
 
 
-def _time_stream(setting: Setting, stream: Callable[[Offered[Tensor]], Iterator[Any]]) -> Timing:
+def time_stream(setting: Setting, stream: Callable[[Offered[Tensor]], Iterator[Any]]) -> Timing:
     """Stream every frame, noting when the first ``setting.results`` results come out; the rest
     (the tail, which keeps the draining stream out of the timing) is taken untimed."""
     offered: Offered[Tensor] = Offered(iter(setting.xs))

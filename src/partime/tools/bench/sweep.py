@@ -5,8 +5,8 @@ For each frame size and mode (learning: once per optimizer asked for), every con
 round starts one contender later than the one before, so that none always runs first or right
 after the same neighbour::
 
-    round 0:  seq 1 | seq all | replicas | process | thread | piece 0 | piece 1 | tick 0 | tick 1
-    round 1:  seq all | replicas | process | thread | piece 0 | piece 1 | tick 0 | tick 1 | seq 1
+    round 0:  seq 1 | seq all | replicas | process | thread | piece 0 | piece 1 | tick 0 | tick 1 | floor
+    round 1:  seq all | replicas | process | thread | piece 0 | piece 1 | tick 0 | tick 1 | floor | seq 1
     one run:  results  w w … w | block 0 | block 1 | … | block 4 | tail (untimed: the stream drains)
 
 A contender's ``ms_per_sample`` is the median over rounds of the median ms per sample of
@@ -18,6 +18,9 @@ pipelines chose has two figures, each stage of the cut timed alone in the same r
   per sample (``bench_bound``);
 - *partime's own tick*: the slowest stage as partime's own ``Stage`` runs it, what its grad mode
   keeps for the product and the compensation included (``bench_contenders.own_tick``).
+
+A cut of two stages or more also has its *Python floor*, timed in the same rounds: the simplest
+Python pipeline of that cut (``floor.python_floor``), left out where ``floor.left_out`` says why.
 
 It returns rows (dicts); printing and plotting are the CLI's job.
 """
@@ -37,6 +40,8 @@ from ...planning.partition import Partition
 from .bound import piece_alone
 from .clocks import cpu_clocks, others_busy
 from .contenders import Contender, Opened, PipelineKind, Setting, Timing, own_tick, pipeline, replicas, sequential
+from .floor import KIND as FLOOR
+from .floor import left_out, python_floor
 from .hop import measure_hop
 from .latency import latencies
 from .models import MODELS
@@ -132,9 +137,12 @@ def run_sweep(
     and mode). A
     pipeline row has its cut (``partition``, ``balance``, the predicted ``stage_ms``), its cut's
     bound (``bound``: the row's name, ``bound_ms``, ``ms_over_bound``) and partime's own tick of
-    it (``own_tick``, ``own_tick_ms``, ``ms_over_own_tick``). A row of kind ``bound`` or ``own
-    tick`` has each stage's ``stage_alone_ms``, its ``slowest_stage`` and the ``pipelines`` that
-    chose its cut; its ``ms_per_sample`` is its slowest stage's.
+    it (``own_tick``, ``own_tick_ms``, ``ms_over_own_tick``), and the Python floor of it (``floor``,
+    ``floor_ms``, ``ms_over_floor``; None where the floor is left out or the cut has one stage). A
+    row of kind ``bound`` or ``own tick`` has each stage's ``stage_alone_ms``, its ``slowest_stage``
+    and the ``pipelines`` that chose its cut; its ``ms_per_sample`` is its slowest stage's. A row
+    of kind ``python floor`` has its cut and ``pipelines``. Every row has ``floor_left_out``: why
+    the floor is left out (one line), or None.
     """
     # Every contender computes with the allocator partime gives its stages (``malloc.py``): the
     # sequential model too, and the replicas, rather than a sequential model taxed by page faults.
@@ -188,7 +196,8 @@ def run_sweep(
                 label = f"{size}x{size} {mode} ({optimizer})"
             clocks = cpu_clocks()
             mine = [c for c in chosen if not (setting.learning and c.inference_only)]
-            found = _interleaved(setting, mine, rounds, (warmup, blocks), label, report)
+            floor_left_out = left_out(setting.layers)
+            found = _interleaved(setting, mine, rounds, (warmup, blocks), label, report, floor_left_out is None)
             busy = others_busy(clocks, cores)
             found = [
                 dict(
@@ -199,6 +208,7 @@ def run_sweep(
                     **common,
                     **row,
                     others_busy=busy,
+                    floor_left_out=floor_left_out,
                 )
                 for row in found
             ]
@@ -213,14 +223,16 @@ def _interleaved(
     timing: tuple[int, int],
     label: str,
     report: Progress,
+    with_floor: bool,
 ) -> list[dict[str, Any]]:
-    """Open every contender and the stages of each distinct cut, time them in alternating rounds,
-    and return a row per contender, bound and own tick (before the comparisons); ``timing`` is
-    ``(warmup, blocks)``. Every contender is closed on leaving, also on an error."""
+    """Open every contender and the stages of each distinct cut (and, ``with_floor``, its Python
+    floor), time them in alternating rounds, and return a row per contender, bound, own tick and
+    floor (before the comparisons); ``timing`` is ``(warmup, blocks)``. Every contender is closed on
+    leaving, also on an error."""
     with ExitStack() as stack:
         report(f"{label}: starting {len(chosen)} contenders")
         opened: dict[str, Opened] = {c.name: stack.enter_context(c.open(setting)) for c in chosen}
-        bounds = _bounds(chosen, opened)
+        bounds = _bounds(chosen, opened, with_floor)
         for _, stages in bounds.values():
             opened.update((s.name, stack.enter_context(s.open(setting))) for s in stages)
         runs: dict[str, list[Timing]] = {name: [] for name in opened}
@@ -233,15 +245,20 @@ def _interleaved(
 
 
 Bounds = dict[str, tuple[Partition, list[Contender]]]
-"""The bound and partime's own tick of each distinct cut the pipelines chose, by their rows' names:
-the cut and its stages alone (pieces of kind ``bound``, or stages of kind ``own tick``)."""
+"""The figures of each distinct cut the pipelines chose, by their rows' names: the cut and its
+contenders (its stages alone, pieces of kind ``bound`` or stages of kind ``own tick``; or the one
+pipeline of kind ``python floor``)."""
 
-FIGURES = {"bound": "bound", "own tick": "own_tick"}
-"""The figures each cut has (a row kind), and the prefix of its keys in a pipeline's row."""
+FIGURES = {"bound": "bound", "own tick": "own_tick", FLOOR: "floor"}
+"""The figures a cut has (a row kind), and the prefix of its keys in a pipeline's row."""
+
+PER_STAGE = ("bound", "own tick")
+"""The figures timed stage by stage, their slowest stage's time being the cut's."""
 
 
-def _bounds(chosen: list[Contender], opened: dict[str, Opened]) -> Bounds:
-    """The bound and own tick of each distinct cut that the opened pipelines of ``chosen`` chose."""
+def _bounds(chosen: list[Contender], opened: dict[str, Opened], with_floor: bool) -> Bounds:
+    """The bound and own tick of each distinct cut that the opened pipelines of ``chosen`` chose,
+    and, ``with_floor``, the Python floor of each such cut of two stages or more."""
     bounds: Bounds = {}
     seen: set[tuple[int, ...]] = set()
     for c in chosen:
@@ -249,41 +266,44 @@ def _bounds(chosen: list[Contender], opened: dict[str, Opened]) -> Bounds:
         if c.kind != "pipeline" or partition is None or partition.balance in seen:
             continue
         seen.add(partition.balance)
+        # another cut at this depth: its figures are named by the pipeline that chose it
+        suffix = f" ({c.name})" if f"bound D={partition.depth}" in bounds else ""
         for kind, (alone, part) in {"bound": (piece_alone, "piece"), "own tick": (own_tick, "stage")}.items():
-            name = f"{kind} D={partition.depth}"
-            if name in bounds:  # another cut at this depth: name it by the pipeline that chose it
-                name += f" ({c.name})"
+            name = f"{kind} D={partition.depth}{suffix}"
             bounds[name] = (partition, [alone(f"{name}: {part} {i}", partition, i) for i in range(partition.depth)])
+        if with_floor and partition.depth > 1:
+            name = f"{FLOOR} D={partition.depth}{suffix}"
+            bounds[name] = (partition, [python_floor(name, partition)])
     return bounds
 
 
 def _rows(
     chosen: list[Contender], bounds: Bounds, partitions: dict[str, Partition], figures: dict[str, dict[str, Any]]
 ) -> list[dict[str, Any]]:
-    """A row per contender, then one per bound and own tick; a pipeline's row names both of its cut."""
-    bound_rows, figure_of = [], {}
+    """A row per contender, then one per bound, own tick and floor; a pipeline's row names those of its cut."""
+    bound_rows: list[dict[str, Any]] = []
+    figure_of: dict[tuple[str, tuple[int, ...]], tuple[str | None, float | None]] = {}
     for name, (partition, stages) in bounds.items():
         kind = stages[0].kind
         alone = [figures[s.name] for s in stages]
         slowest = max(range(len(alone)), key=lambda i: alone[i]["ms_per_sample"])
         figure_of[kind, partition.balance] = name, alone[slowest]["ms_per_sample"]
-        bound_rows.append(
-            dict(
-                contender=name,
-                kind=kind,
-                depth=partition.depth,
-                threads=1,
-                executor=None,
-                **alone[slowest],
-                partition=str(partition),
-                balance=list(partition.balance),
-                stage_alone_ms=[f["ms_per_sample"] for f in alone],
-                slowest_stage=slowest,
-                pipelines=[
-                    c.name for c in chosen if c.name in partitions and partitions[c.name].balance == partition.balance
-                ],
-            )
+        row = dict(
+            contender=name,
+            kind=kind,
+            depth=partition.depth,
+            threads=1,
+            executor=None,
+            **alone[slowest],
+            partition=str(partition),
+            balance=list(partition.balance),
+            pipelines=[
+                c.name for c in chosen if c.name in partitions and partitions[c.name].balance == partition.balance
+            ],
         )
+        if kind in PER_STAGE:
+            row.update(stage_alone_ms=[f["ms_per_sample"] for f in alone], slowest_stage=slowest)
+        bound_rows.append(row)
     contender_rows = []
     for c in chosen:
         row = dict(contender=c.name, kind=c.kind, depth=c.depth, threads=c.threads, executor=c.executor)
@@ -299,8 +319,10 @@ def _rows(
                 max_stage_ms=None if times is None else max(times) * 1e3,
             )
             for kind, key in FIGURES.items():
-                name, ms = figure_of[kind, cut.balance]
-                row.update({key: name, f"{key}_ms": ms, f"ms_over_{key}": row["ms_per_sample"] / ms})
+                figure, ms = figure_of.get((kind, cut.balance), (None, None))  # no floor: left out, or one stage
+                row.update(
+                    {key: figure, f"{key}_ms": ms, f"ms_over_{key}": None if ms is None else row["ms_per_sample"] / ms}
+                )
         contender_rows.append(row)
     return contender_rows + bound_rows
 
