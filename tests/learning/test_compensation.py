@@ -311,3 +311,100 @@ def test_delay_correction_reads_which_way_the_optimizer_goes():
     param.grad = torch.tensor([[1.0, 0.2]])  # maximizing: the steps since went +0.4 along g, the way it asks
     [factors] = correction.correct(anchor)
     assert factors.tolist() == pytest.approx([1 - 1.5 * 0.4])
+
+
+def corrected_per_unit(named, grads, anchor, maximizing, strength):
+    """Delay correction computed plainly, layer by layer and unit by unit, in float64: the
+    corrected gradients by name (None where there is none) and the factors of each layer's units."""
+    corrected, factors = dict(grads), []
+    for group in output_units(named):
+        layer = [(n, p.detach()) for n, p in (named[i] for i in group) if grads[n] is not None]
+        if not layer:
+            continue
+        units = layer[0][1].shape[0] if layer[0][1].dim() else 1
+        factor = torch.ones(units, dtype=torch.float64)
+        for u in range(units):
+            moved = 0.0
+            for n, p in layer:
+                product = grads[n].double() * (p.double() - anchor[n].double())
+                moved += (-1.0 if n in maximizing else 1.0) * product.reshape(units, -1)[u].sum().item()
+            factor[u] = min(max(1.0 + strength * moved, DELAY_CORRECTION_FLOOR), 1.0)
+        for n, _ in layer:
+            corrected[n] = (grads[n].double().reshape(units, -1) * factor[:, None]).reshape(grads[n].shape)
+        factors.append(factor)
+    return corrected, factors
+
+
+def test_delay_correction_of_a_whole_stage_is_the_plain_correction_unit_by_unit():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 5, 3), nn.ReLU(), nn.Flatten(), nn.Linear(20, 4), nn.Linear(4, 3))
+    named = list(model.named_parameters()) + [("scale", nn.Parameter(torch.tensor(0.7)))]
+    maximizing = {"3.weight", "3.bias"}
+    optimizer = torch.optim.SGD(
+        [
+            {"params": [p for n, p in named if n not in maximizing]},
+            {"params": [p for n, p in named if n in maximizing], "maximize": True},
+        ],
+        lr=0.1,
+    )
+    correction = DelayCorrection(named, strength=4.0, optimizer=optimizer)
+    anchor = correction.anchor()
+    assert [a.shape for a in anchor] == [p.shape for _, p in named]
+    assert all(torch.equal(a, p) for a, (_, p) in zip(anchor, named))
+    with torch.no_grad():
+        for _, p in named:
+            p.add_(torch.randn_like(p), alpha=0.05)
+    grads = {n: torch.randn_like(p) for n, p in named}
+    grads["4.bias"] = None  # a parameter without a gradient: left without, out of its unit's factor
+    for n, p in named:
+        p.grad = None if grads[n] is None else grads[n].clone()
+    anchors = {n: a for (n, _), a in zip(named, anchor)}
+    expected, expected_factors = corrected_per_unit(named, grads, anchors, maximizing, 4.0)
+
+    factors = correction.correct(anchor)
+
+    assert len(factors) == len(expected_factors) == 4  # conv, linear, linear, scale
+    for got, want in zip(factors, expected_factors):
+        torch.testing.assert_close(got.double(), want, rtol=1e-6, atol=1e-6)
+    assert any(0.3 < f < 1 for f in torch.cat(factors).tolist())  # some units shrunk, not all clipped
+    assert any(f == DELAY_CORRECTION_FLOOR for f in torch.cat(factors).tolist())
+    assert dict(named)["4.bias"].grad is None
+    for n, p in named:
+        if expected[n] is not None:
+            torch.testing.assert_close(p.grad.double(), expected[n], rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "make_opt, along",
+    [
+        (lambda p: torch.optim.SGD(p, lr=0.3), True),
+        (lambda p: torch.optim.SGD(p, lr=0.3, maximize=True), True),
+        (lambda p: torch.optim.SGD(p, lr=0.3, momentum=0.5), False),
+        (lambda p: torch.optim.SGD(p, lr=0.3, weight_decay=0.1), False),
+        (lambda p: torch.optim.Adam(p, lr=0.1), False),
+    ],
+    ids=["sgd", "sgd-maximize", "momentum", "weight-decay", "adam"],
+)
+def test_step_scale_scales_the_gradient_where_the_step_is_lr_times_the_gradient_and_the_step_elsewhere(make_opt, along):
+    start = torch.randn(3, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    runs = []
+    for scale_gradients in (True, False):
+        param = nn.Parameter(start.clone())
+        config = StageConfig(depth=2, optimizer=make_opt, compensation=("step-scale",))
+        learning = make_learning(0, config, [("w", param)])
+        assert learning.scales_gradients == along and bool(learning.before) != along
+        if not scale_gradients:  # the general rule: the step taken, then shortened
+            learning = learning._replace(scales_gradients=False, before=(torch.empty_like(param),))
+        plain = nn.Parameter(param.detach().clone())
+        plain_optimizer = make_opt([plain])
+        for k in range(4):
+            grad = torch.full((3, 2), 1.0 + k, dtype=torch.float64)
+            step(learning, [param], [grad.clone()], None)
+            plain.grad = grad.clone()
+            before = plain.detach().clone()
+            plain_optimizer.step()
+            with torch.no_grad():  # a third of each step: delay 2
+                plain.copy_(before + (plain - before) / 3)
+        runs.append(param.detach())
+        torch.testing.assert_close(param.detach(), plain.detach(), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(runs[0], runs[1], rtol=1e-12, atol=1e-12)

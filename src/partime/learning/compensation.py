@@ -45,7 +45,7 @@ with the scheduled lr.
     ``g_uᵀΔθ_u < 0`` and the late gradient is shrunk by how much of it was already applied. It is
     never enlarged, and never shrunk below ``DELAY_CORRECTION_FLOOR``. It keeps one copy of the
     stage's weights per sample in flight (in ``weight-stash`` mode, the copies that mode stashes
-    already). ``λ = DELAY_CORRECTION_STRENGTH`` and the floor were chosen with ``partime fidelity``
+    already), and one more to work in. ``λ = DELAY_CORRECTION_STRENGTH`` and the floor were chosen with ``partime fidelity``
     for plain SGD at lr 0.07, and may not suit another optimizer or step size.
 
 With ``D = 1`` every delay is 0 and each is exactly plain online learning.
@@ -55,6 +55,7 @@ Measurements, and the variants tried and not kept: docs/measured-and-not-kept.md
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import torch
@@ -168,6 +169,32 @@ def scale_steps(params: Sequence[Tensor], before: Sequence[Tensor], factor: floa
     torch._foreach_lerp_(list(params), list(before), 1.0 - factor)
 
 
+def steps_along_the_gradient(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether every step of ``optimizer`` is ``lr`` times its gradients and nothing else: plain
+    ``torch.optim.SGD`` (no momentum, no weight decay), which keeps no state. Scaling the gradients
+    of such an optimizer by ``f`` then scales its step by ``f``, as ``scale_steps`` would, up to
+    the last bits; whatever lr a schedule sets in the step."""
+    return type(optimizer) is torch.optim.SGD and all(
+        not group["momentum"] and not group["weight_decay"] for group in optimizer.param_groups
+    )
+
+
+def same_kind(tensors: Sequence[Tensor]) -> bool:
+    """Whether ``tensors`` (at least one) share one dtype and one device: ``detached_copies`` may
+    then copy them ``together``."""
+    return len(tensors) > 0 and len({(t.dtype, t.device) for t in tensors}) == 1
+
+
+def detached_copies(tensors: Sequence[Tensor], together: bool) -> list[Tensor]:
+    """Detached copies of ``tensors``, equal to them and of their shapes; with ``together`` (only
+    if ``same_kind(tensors)``) in one pass, as views of one new buffer."""
+    with torch.no_grad():
+        if not together or len(tensors) == 1:  # torch's flattening of a single tensor is a view of it
+            return [t.detach().clone() for t in tensors]
+        flat = torch._utils._flatten_dense_tensors(tensors)
+        return list(torch._utils._unflatten_dense_tensors(flat, tensors))
+
+
 class WeightPredictor:
     """Kosson et al.'s linear weight prediction for one stage (``"weight-prediction"``)."""
 
@@ -177,19 +204,24 @@ class WeightPredictor:
         self.momentum = VELOCITY_MOMENTUM if momentum is None else momentum
         self.previous = [p.detach().clone() for p in self.params]
         self.velocity = [torch.zeros_like(p) for p in self.params]
+        self._together = same_kind(self.params)
 
+    @torch.no_grad()
     def predict(self) -> list[Tensor]:
         """Leaf copies of the weights, ``τ`` steps ahead along the velocity, for a forward."""
         if self.delay == 0:
-            return [p.detach().clone().requires_grad_() for p in self.params]
-        return [(p.detach() + self.delay * v).requires_grad_() for p, v in zip(self.params, self.velocity)]
+            ahead = detached_copies(self.params, self._together)
+        else:
+            ahead = list(torch._foreach_mul(self.velocity, float(self.delay)))
+            torch._foreach_add_(ahead, self.params)
+        return [a.requires_grad_() for a in ahead]
 
+    @torch.no_grad()
     def after_step(self) -> None:
         """Fold the change of this step into the velocity."""
-        with torch.no_grad():
-            for p, prev, v in zip(self.params, self.previous, self.velocity):
-                v.mul_(self.momentum).add_(p - prev, alpha=1 - self.momentum)
-                prev.copy_(p)
+        torch._foreach_mul_(self.velocity, self.momentum)
+        torch._foreach_add_(self.velocity, torch._foreach_sub(self.params, self.previous), alpha=1 - self.momentum)
+        torch._foreach_copy_(self.previous, self.params)
 
 
 class DelayCorrection:
@@ -201,12 +233,18 @@ class DelayCorrection:
     ``correct(anchor)``, called with the gradient of that sample in the parameters' ``.grad``,
     scales each unit's part ``g_u`` of it in place by
     ``clip(1 + λ g_uᵀ(θ_u now − θ_u at the anchor), floor, 1)`` with ``λ = strength``, and returns
-    the factors, one tensor per layer's units.
+    the factors, one tensor per layer's units (of the layers with a gradient; a parameter whose
+    ``.grad`` is None is left so, and takes no part in its unit's factor).
 
     With the ``optimizer`` that steps the parameters, a parameter of a group that maximizes
     (``maximize=True``, whose step goes along ``+g``) has ``−g_uᵀΔθ_u`` in its factor: the steps
     since went the way its gradient asks when that product is positive. Maximizing ``−loss`` is then
     corrected exactly as minimizing ``loss``. Without it every parameter is taken to minimize.
+
+    Both run a fixed number of fused torch calls for the whole stage, however many layers it has:
+    ``anchor()`` copies the weights in one pass, and ``correct`` sums the products row by row and
+    the rows into units over all parameters at once, with a layout of the rows made once for each
+    set of parameters that have a gradient (``UnitLayout``).
     """
 
     def __init__(
@@ -222,28 +260,88 @@ class DelayCorrection:
         ascended = {id(p) for group in groups if group.get("maximize", False) for p in group["params"]}
         # whether each parameter's step goes along +g (read once: a group's maximize is set when it is made)
         self.maximize = [id(p) in ascended for p in self.params]
+        self._together = same_kind(self.params)
+        self._layouts: dict[tuple[bool, ...], UnitLayout] = {}  # by which parameters have a gradient
 
     def anchor(self) -> list[Tensor]:
         """Copies of the weights now, for the gradient of the sample going forward."""
-        return [p.detach().clone() for p in self.params]
+        return detached_copies(self.params, self._together)
 
     @torch.no_grad()
     def correct(self, anchor: Sequence[Tensor]) -> list[Tensor]:
         """Scale the gradients in ``.grad`` for the steps taken since ``anchor``; the factors."""
-        factors = []
-        for group in self.groups:
-            grads = [(i, grad) for i in group if (grad := self.params[i].grad) is not None]
-            if not grads:
-                continue
-            # g_uᵀΔθ_u along the way the optimizer goes: negated where it ascends (exact in floats)
-            terms = [_per_row(grad * (self.params[i] - anchor[i])) for i, grad in grads]
-            terms = [-t if self.maximize[i] else t for (i, _), t in zip(grads, terms)]
-            moved = sum(terms[1:], terms[0])  # a tensor: with a start, sum() never gives its 0
-            factor = (1.0 + self.strength * moved).clamp_(DELAY_CORRECTION_FLOOR, 1.0)
-            for _, grad in grads:
-                grad.mul_(factor.reshape(-1, *([1] * (grad.dim() - 1))) if grad.dim() else factor[0])
-            factors.append(factor)
-        return factors
+        grads = [p.grad for p in self.params]
+        has = tuple(g is not None for g in grads)
+        layout = self._layouts.get(has)
+        if layout is None:
+            layout = self._layouts[has] = UnitLayout(self, has)
+        if not layout.positions:
+            return []
+        present = [g for g in grads if g is not None]
+        if len(present) == len(grads):
+            params, anchors = self.params, list(anchor)
+        else:
+            params = [self.params[i] for i in layout.positions]
+            anchors = [anchor[i] for i in layout.positions]
+        # g·Δθ element by element, summed per row, then per unit: the rows of a unit in the
+        # order of the parameters, as a sum per layer would add them
+        torch._foreach_copy_(layout.product_views, params)
+        torch._foreach_sub_(layout.product_views, anchors)
+        torch._foreach_mul_(layout.product_views, present)
+        rows = torch.segment_reduce(layout.products, "sum", lengths=layout.lengths, unsafe=True)
+        if layout.signs is not None:  # along the way the optimizer goes: negated where it ascends (exact)
+            rows.mul_(layout.signs)
+        units = rows.new_zeros(layout.units).index_add_(0, layout.row_units, rows)
+        units.mul_(self.strength).add_(1.0).clamp_(DELAY_CORRECTION_FLOOR, 1.0)
+        torch.index_select(units, 0, layout.row_units, out=layout.row_factors)
+        torch._foreach_mul_(present, layout.row_factor_views)
+        return list(units.split(layout.unit_counts))
+
+
+class UnitLayout:
+    """How ``DelayCorrection.correct`` reads the parameters that have a gradient (``positions``),
+    made once for each set of them, with the buffers it works in.
+
+    ``products`` holds one value per element of those parameters, one parameter after another
+    (``product_views``: each parameter's part, of its shape), so that a row of a parameter is a
+    run of ``lengths`` values in it, part of unit ``row_units`` (units numbered layer by layer,
+    over the layers with a gradient: ``unit_counts`` of them per layer) and counted with the
+    sign ``signs`` (−1 where its group maximizes; None if none does). ``row_factors`` holds one
+    value per row, ``row_factor_views`` each parameter's part, shaped to broadcast over its rows.
+    Besides ``products``, which has the parameters' size, everything has one value per row.
+    """
+
+    def __init__(self, correction: DelayCorrection, has: Sequence[bool]):
+        params = correction.params
+        first_unit: dict[int, int] = {}  # of each parameter with a gradient
+        self.unit_counts: list[int] = []
+        for group in correction.groups:
+            members = [i for i in group if has[i]]
+            for i in members:
+                first_unit[i] = sum(self.unit_counts)
+            if members:
+                self.unit_counts.append(_rows(params[members[0]]))
+        self.positions = sorted(first_unit)
+        self.units = sum(self.unit_counts)
+        lengths: list[int] = []
+        row_units: list[int] = []
+        signs: list[float] = []
+        for i in self.positions:
+            rows = _rows(params[i])
+            lengths += [params[i].numel() // rows if rows else 0] * rows
+            row_units += range(first_unit[i], first_unit[i] + rows)
+            signs += [-1.0 if correction.maximize[i] else 1.0] * rows
+        kept = [params[i] for i in self.positions]
+        device = kept[0].device if kept else None
+        dtype = functools.reduce(torch.promote_types, (p.dtype for p in kept)) if kept else None
+        self.lengths = torch.tensor(lengths, dtype=torch.long, device=device)
+        self.row_units = torch.tensor(row_units, dtype=torch.long, device=device)
+        self.signs = torch.tensor(signs, dtype=dtype, device=device) if -1.0 in signs else None
+        self.products = torch.empty(sum(p.numel() for p in kept), dtype=dtype, device=device)
+        self.product_views = list(torch._utils._unflatten_dense_tensors(self.products, kept))
+        self.row_factors = torch.empty(len(row_units), dtype=dtype, device=device)
+        row_shapes = [torch.empty(p.shape[:1] + (1,) * (p.dim() - 1), device="meta") for p in kept]
+        self.row_factor_views = list(torch._utils._unflatten_dense_tensors(self.row_factors, row_shapes))
 
 
 def output_units(named: Sequence[tuple[str, Tensor]]) -> list[list[int]]:

@@ -55,6 +55,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from .compensation import detached_copies, same_kind
+
 SUPPORTED = "torch.optim.SGD (with or without momentum), torch.optim.Adam and torch.optim.AdamW"
 OPTIONS = ("optimizer-prediction", "spike", "long-momentum")
 """The compensation options that read the optimizer's state."""
@@ -245,6 +247,8 @@ class OptimizerPrediction:
         self.params = list(params)
         self.delay = delay
         self.scale = scale  # how much of each of the optimizer's steps the stage takes (None: all)
+        self._members = members_by_group(optimizer, self.params)
+        self._together = same_kind(self.params)
 
     @torch.no_grad()
     def predict(self) -> list[Tensor]:
@@ -253,13 +257,12 @@ class OptimizerPrediction:
         Each group's parameters are shifted together, with torch's ``_foreach`` ops: the same
         arithmetic, element by element, as one parameter at a time, in a few calls per step ahead
         instead of a few per parameter."""
-        ahead = {p: p.detach().clone() for p in self.params}
+        ahead = detached_copies(self.params, self._together)
         if self.delay > 0:
-            for group in self.optimizer.param_groups:
-                mine = [p for p in group["params"] if p in ahead]
-                if mine:
-                    self._shift(group, mine, [ahead[p] for p in mine])
-        return [ahead[p].requires_grad_() for p in self.params]
+            for group, members in zip(self.optimizer.param_groups, self._members):
+                if members:
+                    self._shift(group, [self.params[k] for k in members], [ahead[k] for k in members])
+        return [a.requires_grad_() for a in ahead]
 
     def _shift(self, group: dict, params: list[Tensor], out: list[Tensor]) -> None:
         """Move ``out`` (copies of ``params``, of one group) along the group's next ``delay`` steps."""
@@ -301,40 +304,43 @@ class SpikeCompensation:
     """Kosson et al.'s spike compensation of a step ``delay`` steps late (``"spike"``).
 
     ``before_step()`` reads the gradients in ``.grad``; ``after_step()`` turns the optimizer's
-    own step into the compensated one.
+    own step into the compensated one. Both work on each group's parameters together, with
+    torch's ``_foreach`` ops: the arithmetic of one parameter at a time, in a few calls per group.
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, params: Sequence[Tensor], delay: int):
         check_optimizer(optimizer, "spike")
         self.optimizer = optimizer
-        self.params = set(params)
+        self.params = list(params)
         self.delay = delay
-        self._grads: dict[Tensor, Tensor] = {}
+        self._members = members_by_group(optimizer, self.params)
+        # per group: the parameters with a gradient, and each gradient as the optimizer folds it in
+        self._grads: list[tuple[list[Tensor], list[Tensor]]] = []
 
     @torch.no_grad()
     def before_step(self) -> None:
         """Keep each gradient as the optimizer will fold it in (with L2 weight decay)."""
-        self._grads = {}
-        for group in self.optimizer.param_groups:
-            for p in group["params"]:
-                if p in self.params and p.grad is not None:
-                    g = p.grad.detach() * _sign(group)
-                    if group["weight_decay"] and not _decoupled(self.optimizer, group):
-                        g = g.add(p.detach(), alpha=group["weight_decay"])
-                    self._grads[p] = g
+        self._grads = []
+        for group, members in zip(self.optimizer.param_groups, self._members):
+            params = [p for p in (self.params[k] for k in members) if p.grad is not None]
+            if not params:
+                self._grads.append(([], []))
+                continue
+            grads = list(torch._foreach_mul([p.grad for p in params if p.grad is not None], _sign(group)))
+            if group["weight_decay"] and not _decoupled(self.optimizer, group):
+                torch._foreach_add_(grads, params, alpha=group["weight_decay"])
+            self._grads.append((params, grads))
 
     @torch.no_grad()
     def after_step(self) -> None:
         """Add to each parameter the difference between the compensated step and the one taken."""
-        for group in self.optimizer.param_groups:
-            for p in group["params"]:
-                g = self._grads.get(p)
-                if g is not None:
-                    self._correct(group, p, g)
-        self._grads = {}
+        for group, (params, grads) in zip(self.optimizer.param_groups, self._grads):
+            if params:
+                self._correct(group, params, grads)
+        self._grads = []
 
-    def _correct(self, group: dict, p: Tensor, g: Tensor) -> None:
-        state = self.optimizer.state[p]
+    def _correct(self, group: dict, params: list[Tensor], grads: list[Tensor]) -> None:
+        states = [self.optimizer.state[p] for p in params]
         tau, lr = self.delay, float(group["lr"])  # buffers hold the sign the optimizer descends along
         if isinstance(self.optimizer, torch.optim.SGD):
             mu = float(group["momentum"])
@@ -342,15 +348,26 @@ class SpikeCompensation:
                 return
             a, b = mu**tau, (1 - mu**tau) / (1 - mu)
             # taken: lr · buf; wanted: lr · (a · buf + b · (1 − d) · g)
-            change = state["momentum_buffer"] * (a - 1) + g * (b * (1 - float(group["dampening"])))
-            p.add_(change, alpha=-lr)
+            change = torch._foreach_mul([s["momentum_buffer"] for s in states], a - 1)
+            torch._foreach_add_(change, torch._foreach_mul(grads, b * (1 - float(group["dampening"]))))
+            torch._foreach_add_(params, change, alpha=-lr)
             return
         beta1, beta2 = (float(b) for b in group["betas"])
-        t = float(state["step"])
-        second = state["max_exp_avg_sq"] if group["amsgrad"] else state["exp_avg_sq"]
-        denom = (second.sqrt() / math.sqrt(1 - beta2**t)).add_(group["eps"])
+        steps = [float(s["step"]) for s in states]
+        denoms = torch._foreach_sqrt([s["max_exp_avg_sq"] if group["amsgrad"] else s["exp_avg_sq"] for s in states])
+        torch._foreach_div_(denoms, [math.sqrt(1 - beta2**t) for t in steps])
+        torch._foreach_add_(denoms, group["eps"])
         # taken: m; wanted: β1^τ · m + (1 − β1^τ) · g, both over the same bias correction and denominator
-        p.addcdiv_(g - state["exp_avg"], denom, value=-lr * (1 - beta1**tau) / (1 - beta1**t))
+        missed = torch._foreach_sub(grads, [s["exp_avg"] for s in states])
+        torch._foreach_addcdiv_(params, missed, denoms, [-lr * (1 - beta1**tau) / (1 - beta1**t) for t in steps])
+
+
+def members_by_group(optimizer: torch.optim.Optimizer, params: Sequence[Tensor]) -> list[list[int]]:
+    """For each of ``optimizer``'s param groups, the positions in ``params`` of those it holds, in
+    the group's order. By position, not by group: loading an optimizer's state makes new group
+    dicts, with the same parameters."""
+    position = {id(p): k for k, p in enumerate(params)}
+    return [[position[id(p)] for p in group["params"] if id(p) in position] for group in optimizer.param_groups]
 
 
 LOSS_PREFIX = "loss_fn."

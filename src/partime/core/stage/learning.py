@@ -27,6 +27,7 @@ from ...learning.compensation import (
     chosen_compensation,
     scale_steps,
     step_scale,
+    steps_along_the_gradient,
 )
 from ...learning.optimizer_state import (
     OptimizerPrediction,
@@ -50,7 +51,10 @@ class Learning(NamedTuple):
 
     ``scale`` is ``"step-scale"``'s scale of every step (1.0: not chosen, or no delay); ``given_lrs``
     each group's lr as the factory made it, for a checkpoint written when step scales were kept in
-    the lr (``load_compensation_state``).
+    the lr (``load_compensation_state``). ``own``: how many of the parameters ``step`` is given
+    are the stage's, whose steps are scaled (the rest, a loss's, step plainly); ``scales_gradients``
+    whether a step is scaled by scaling its gradients (an optimizer whose step is ``lr`` times the
+    gradient: ``steps_along_the_gradient``), else by keeping the weights before it in ``before``.
     """
 
     optimizer: torch.optim.Optimizer | None = None
@@ -61,6 +65,8 @@ class Learning(NamedTuple):
     scale: float = 1.0
     given_lrs: tuple[Any, ...] = ()
     before: tuple[Tensor, ...] = ()  # where ``step`` keeps the weights before a scaled step, made once
+    own: int = 0
+    scales_gradients: bool = False
 
 
 def make_learning(
@@ -103,8 +109,10 @@ def make_learning(
     if "spike" in chosen and tau > 0:
         spike = SpikeCompensation(optimizer, params, tau)
     scaled = scale != 1.0 or step_size is not None
-    before = tuple(torch.empty_like(p, requires_grad=False) for p in params) if scaled else ()
-    return Learning(optimizer, step_size, predictor, corrector, spike, scale, given_lrs, before)
+    # a step that is lr times the gradient is scaled with its gradient: no copy of the weights
+    along = scaled and steps_along_the_gradient(optimizer)
+    before = tuple(torch.empty_like(p, requires_grad=False) for p in params) if scaled and not along else ()
+    return Learning(optimizer, step_size, predictor, corrector, spike, scale, given_lrs, before, len(params), along)
 
 
 def _make_optimizer(
@@ -150,7 +158,12 @@ def step(
     # The step is scaled, not the lr: a schedule may set the lr during the step (a step hook),
     # and neither undoes the other. At factor 1 (no delay) nothing is copied: the plain step.
     # Only the stage's own parameters have a scale other than 1 (a loss's learn at the last stage).
-    scaled: list[Tensor] = list(params[: len(learning.before)]) if factor != 1.0 else []
+    scaled: list[Tensor] = list(params[: learning.own]) if factor != 1.0 and learning.before else []
+    if factor != 1.0 and learning.scales_gradients:
+        present = [p.grad for p in params[: learning.own] if p.grad is not None]
+        if present:
+            with torch.no_grad():
+                torch._foreach_mul_(present, factor)
     if scaled:
         with torch.no_grad():
             torch._foreach_copy_(list(learning.before), scaled)
