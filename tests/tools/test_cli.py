@@ -1,14 +1,17 @@
 """The ``partime`` command and the demo, on tiny settings (what they report, not how fast)."""
 
+import itertools
 import json
 import math
 
+import pytest
 import torch
 from click.testing import CliRunner
 
 from partime.tools.bench.models import conv_net
 from partime.tools.bench.runner import median_ms
 from partime.tools.cli import main
+from partime.tools.demo.learning import DEPTH, LEARNERS, LR, MARKS, digits_convnet
 from partime.tools.demo.recorded import blob_video, run_demo
 
 
@@ -79,17 +82,23 @@ def test_bench_refuses_options_that_do_not_go_together():
         assert result.exit_code != 0 and message in " ".join(result.output.split()), (args, result.output)
 
 
-def test_demo_runs_fast_and_reports_its_figures(tmp_path):
-    png = tmp_path / "live.png"
-    figures = run_demo(
-        samples=30, learn_samples=60, baseline_samples=20, heldout=20, live_frames=40, live_png=png, layers=2
-    )
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    """The demo on tiny settings, run once for the tests below: its figures and its picture's path."""
+    png = tmp_path_factory.mktemp("demo") / "live.png"
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the other tests run (tests/conftest.py), which this module-wide fixture precedes
+    try:
+        return run_demo(samples=30, learn_samples=300, heldout=50, live_frames=40, live_png=png, layers=2), png
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_demo_runs_fast_and_reports_its_figures(demo):
+    figures, png = demo
     assert figures["outputs_match"] is True
-    for key in ("inference_speedup", "learning_speedup", "wall_s", "inference_ms_pipeline", "learning_ms_pipeline"):
+    for key in ("inference_speedup", "wall_s", "inference_ms_pipeline"):
         assert positive(figures[key]), key
-    for key in ("rolling_accuracy", "stream_accuracy", "heldout_accuracy_before", "heldout_accuracy_after"):
-        assert 0 <= figures[key] <= 1, key
-    assert figures["learning_others_busy"] is None or figures["learning_others_busy"] >= 0
     # the live source: played faster than the plain model sustains, which keeps at most every frame
     assert math.isclose(figures["live_fps"], 1.4e3 / figures["live_sustained_ms"])
     for who in ("plain", "pipeline"):
@@ -97,6 +106,43 @@ def test_demo_runs_fast_and_reports_its_figures(tmp_path):
         assert round(kept) + dropped == 40 and kept >= 1, who
         assert 0 < figures[f"live_{who}_p50_ms"] <= figures[f"live_{who}_p99_ms"], who
     assert figures["live_png"] == str(png) and png.read_bytes().startswith(b"\x89PNG")
+
+
+def test_demo_learns_the_digits_with_every_learner_and_reports_accuracy_against_seconds(demo):
+    figures, _ = demo
+    assert figures["learn_samples"] == 300 and figures["learning_lr"] == LR
+    assert figures["learning_partition"].startswith(f"{DEPTH} stages")
+    assert figures["learning_threads"] == 1  # run on one thread (the fixture): "every core" is one here
+    assert figures["learning_others_busy"] is None or figures["learning_others_busy"] >= 0
+    moments = figures["learning_seconds"]
+    assert MARKS <= len(moments) <= MARKS + 2 and moments[0] > 0
+    assert all(a < b for a, b in itertools.pairwise(moments)), moments
+    ends = sorted(figures[f"learning_{key}_seconds"] for key in LEARNERS)
+    assert moments[MARKS - 1] == ends[0] and moments[-1] == ends[-1]  # the fastest one's end, the slowest one's
+    for key in LEARNERS:
+        done, rolling = figures[f"learning_{key}_samples_at"], figures[f"learning_{key}_accuracy_at"]
+        assert len(done) == len(rolling) == len(moments), key
+        # each learner learnt every sample by the last moment (the slowest one's end), never fewer later
+        assert all(a <= b for a, b in itertools.pairwise(done)) and done[-1] == 300, (key, done)
+        for count, accuracy in zip(done, rolling):
+            assert math.isnan(accuracy) if count == 0 else 0 <= accuracy <= 1, (key, count, accuracy)
+        assert 0 < figures[f"learning_{key}_seconds"] <= moments[-1], key
+        assert math.isclose(figures[f"learning_{key}_samples_per_s"], 300 / figures[f"learning_{key}_seconds"])
+        assert rolling[-1] == figures[f"learning_{key}_rolling_accuracy"], key
+        assert 0 <= figures[f"learning_{key}_stream_accuracy"] <= 1, key
+        # learnt digits, not just the last labels: held-out digits well above chance (0.1), and above
+        # the untrained model
+        assert figures[f"learning_{key}_heldout"] >= 0.2, (key, figures[f"learning_{key}_heldout"])
+        assert figures[f"learning_{key}_heldout"] > figures["learning_heldout_before"] + 0.1, key
+    for key in ("learning_speedup", "learning_speedup_allcores"):
+        assert positive(figures[key]), key
+
+
+def test_digits_convnet_is_seeded_and_gives_ten_logits_a_digit():
+    a, b, c = digits_convnet(seed=1), digits_convnet(seed=1), digits_convnet(seed=2)
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters(), strict=True))
+    assert not torch.equal(a[0][0].weight, c[0][0].weight)
+    assert len(a) == 6 and a(torch.rand(4, 1, 24, 24)).shape == (4, 10)
 
 
 def test_conv_net_is_seeded_and_has_the_head_only_for_learning():
