@@ -15,8 +15,9 @@
    (``when_behind="drop"``): frames kept per second, frames dropped, latency; a picture of a few
    frames and the pipeline's outputs is saved.
 
-Everything is generated here (nothing is downloaded) and runs in about two minutes or less on
-two cores. ``run_demo`` returns its figures; it shows its progress and results on ``console``.
+Everything is generated here (nothing is downloaded) and runs in under two minutes on two cores
+when nothing else runs on them. ``run_demo`` returns its figures; it shows its progress and
+results on ``console``.
 """
 
 from __future__ import annotations
