@@ -22,14 +22,12 @@ from typing import Any
 
 from torch import Tensor, nn
 
-import partime
-
 from ...planning.partition import Partition
 from ...planning.planner import torch_threads
 from .contenders import Contender, Opened, Setting, time_stream
 from .latency import Offered
 
-FLOOR_FILE = Path(partime.__file__).resolve().parents[2] / "benchmarks" / "python_floor.py"
+FLOOR_FILE = Path(__file__).resolve().parents[4] / "benchmarks" / "python_floor.py"
 """Where the floor is: the repository's ``benchmarks/`` folder, beside ``src/``."""
 
 MODULE = "python_floor"

@@ -84,7 +84,7 @@ def digits_convnet(seed: int = 0) -> nn.Sequential:
 
 
 @dataclass
-class Run:
+class LearnerRun:
     """One learner's run: after each result, the seconds since its first sample was offered and the
     rolling accuracy; the scores of the whole stream, and the trained model."""
 
@@ -104,7 +104,7 @@ Data = tuple[list[Tensor], list[Tensor]]
 Report = Callable[[float], None]
 
 
-def learn_plain(model: nn.Module, data: Data, lr: float, threads: int, report: Report | None = None) -> Run:
+def learn_plain(model: nn.Module, data: Data, lr: float, threads: int, report: Report | None = None) -> LearnerRun:
     """The plain loop on a copy of ``model``: forward, loss, backward, SGD step at ``lr`` per sample
     of ``data`` (samples, targets), torch on ``threads`` threads; each output scored before its
     step. ``report`` is given the rolling accuracy after each sample."""
@@ -129,10 +129,10 @@ def learn_plain(model: nn.Module, data: Data, lr: float, threads: int, report: R
                 report(metrics.rolling_accuracy)
     finally:
         torch.set_num_threads(before)
-    return Run(seconds, rolling, metrics, model)
+    return LearnerRun(seconds, rolling, metrics, model)
 
 
-def learn_pipelined(model: nn.Module, data: Data, lr: float, report: Report | None = None) -> tuple[Run, str]:
+def learn_pipelined(model: nn.Module, data: Data, lr: float, report: Report | None = None) -> tuple[LearnerRun, str]:
     """``Pipeline(model, DEPTH)`` with its defaults, SGD at ``lr``, one thread a stage process, on
     ``data``; each result scored as it comes out (before its own gradient was applied). With the
     pipeline's partition, in words."""
@@ -155,7 +155,7 @@ def learn_pipelined(model: nn.Module, data: Data, lr: float, report: Report | No
             if report is not None:
                 report(metrics.rolling_accuracy)
         trained = pipe.module
-    return Run(seconds, rolling, metrics, trained), str(pipe.partition)
+    return LearnerRun(seconds, rolling, metrics, trained), str(pipe.partition)
 
 
 def moving_digits(n: int, seed: int) -> Data:
