@@ -1,5 +1,7 @@
 """Staleness compensation: its schedules on hand-computed values, its effect in a pipeline."""
 
+import dataclasses
+
 import pytest
 import torch
 from models import classification_stream, mlp
@@ -246,17 +248,17 @@ def test_delay_correction_keeps_one_copy_of_the_weights_per_sample_in_flight(gra
     stage = Stage(0, nn.Linear(3, 2), config)  # delay 2
     for sample in range(3):
         stage.forward(sample, torch.randn(1, 3))
-    assert sorted(stage._anchors) == [0, 1, 2]
-    anchor, weight = stage._anchors[0][0], stage.module.weight
+    assert sorted(stage._learning.anchors) == [0, 1, 2]
+    anchor, weight = stage._learning.anchors[0][0], stage.module.weight
     assert torch.equal(anchor, weight) and anchor.data_ptr() != weight.data_ptr()
     stashed = stage._pending[0].weights
     assert bool(stashed) == (grad_mode == "weight-stash")
     if stashed:  # weight-stash keeps a copy already: the anchor is that copy
         assert anchor.data_ptr() == stashed[0].data_ptr()
     stage.backward(0, torch.ones(1, 2))
-    assert sorted(stage._anchors) == [1, 2]
+    assert sorted(stage._learning.anchors) == [1, 2]
     stage.drop(1)
-    assert sorted(stage._anchors) == [2]
+    assert sorted(stage._learning.anchors) == [2]
 
 
 @pytest.mark.parametrize(
@@ -394,7 +396,7 @@ def test_step_scale_scales_the_gradient_where_the_step_is_lr_times_the_gradient_
         learning = make_learning(0, config, [("w", param)])
         assert learning.scales_gradients == along and bool(learning.before) != along
         if not scale_gradients:  # the general rule: the step taken, then shortened
-            learning = learning._replace(scales_gradients=False, before=(torch.empty_like(param),))
+            learning = dataclasses.replace(learning, scales_gradients=False, before=(torch.empty_like(param),))
         plain = nn.Parameter(param.detach().clone())
         plain_optimizer = make_opt([plain])
         for k in range(4):

@@ -14,8 +14,9 @@ copy the state of the compensation that a stage checkpoint keeps besides the opt
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
-from typing import Any, NamedTuple
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -46,8 +47,11 @@ from .config import OptimizerFactory, StageConfig
 log = logging.getLogger("partime.core.stage")
 
 
-class Learning(NamedTuple):
-    """A stage's optimizer (None: it does not learn) and its compensation objects (None: not chosen).
+@dataclass(frozen=True)
+class Learning:
+    """A stage's optimizer (None: it does not learn) and its compensation objects (None: not
+    chosen), and what the stage asks of them, in one place: ``forward_weights`` when a sample goes
+    forward, ``step_for`` when its gradient is applied, ``forget`` when it will bring none.
 
     ``scale`` is ``"step-scale"``'s scale of every step (1.0: not chosen, or no delay); ``given_lrs``
     each group's lr as the factory made it, for a checkpoint written when step scales were kept in
@@ -55,6 +59,7 @@ class Learning(NamedTuple):
     are the stage's, whose steps are scaled (the rest, a loss's, step plainly); ``scales_gradients``
     whether a step is scaled by scaling its gradients (an optimizer whose step is ``lr`` times the
     gradient: ``steps_along_the_gradient``), else by keeping the weights before it in ``before``.
+    ``anchors``: with delay correction, the weights each sample in flight went forward with.
     """
 
     optimizer: torch.optim.Optimizer | None = None
@@ -67,6 +72,30 @@ class Learning(NamedTuple):
     before: tuple[Tensor, ...] = ()  # where ``step`` keeps the weights before a scaled step, made once
     own: int = 0
     scales_gradients: bool = False
+    anchors: dict[int, list[Tensor]] = field(default_factory=dict)
+
+    def forward_weights(self, sample: int, stash: Callable[[], list[Tensor]] | None) -> list[Tensor]:
+        """The weights the forward of ``sample`` runs with (leaves; empty: the module's own): the
+        predicted ones with weight prediction, else ``stash()`` where the grad mode keeps a copy.
+        With delay correction, the weights now are noted for its gradient."""
+        weights: list[Tensor] = []
+        now: list[Tensor] = []
+        if self.predictor is not None:
+            weights = self.predictor.predict()
+        elif stash is not None:
+            weights = stash()
+            now = [w.detach() for w in weights]
+        if self.corrector is not None:
+            self.anchors[sample] = now or self.corrector.anchor()
+        return weights
+
+    def step_for(self, sample: int, params: list[nn.Parameter], grads: Sequence[Tensor | None]) -> None:
+        """The compensated step of ``sample``'s gradient ``grads`` of ``params`` (``step``)."""
+        step(self, params, grads, self.anchors.pop(sample) if self.corrector is not None else None)
+
+    def forget(self, sample: int) -> None:
+        """``sample`` brings no gradient: nothing of it is kept."""
+        self.anchors.pop(sample, None)
 
 
 def make_learning(
@@ -181,13 +210,15 @@ def step(
 
 
 def compensation_state(learning: Learning) -> dict[str, Any]:
-    """Copies of the state of a stage's step-size scale and weight predictor, in plain values."""
+    """Copies of the state of a stage's step-size scale, weight predictor and delay correction
+    (the weights each sample in flight went forward with), in plain values."""
     step_size, predictor = learning.step_size, learning.predictor
     state: dict[str, Any] = {
         "lr_scale_steps": None if step_size is None else step_size.steps,
         "prediction": None,
         # the optimizer's lr is as given (by the factory or a schedule): the steps are scaled instead
         "lr_as_given": True,
+        "anchors": [(sample, copy_tensors(anchor)) for sample, anchor in learning.anchors.items()],
     }
     if isinstance(predictor, WeightPredictor):
         state["prediction"] = {
@@ -197,9 +228,12 @@ def compensation_state(learning: Learning) -> dict[str, Any]:
     return state
 
 
-def load_compensation_state(learning: Learning, state: dict[str, Any]) -> None:
-    """Give ``learning``'s step-size scale and weight predictor the state that ``compensation_state`` copied."""
+def load_compensation_state(learning: Learning, state: dict[str, Any], device: torch.device) -> None:
+    """Give ``learning``'s step-size scale, weight predictor and delay correction the state that
+    ``compensation_state`` copied (its anchors onto ``device``)."""
     step_size, predictor = learning.step_size, learning.predictor
+    learning.anchors.clear()
+    learning.anchors.update((sample, [t.to(device) for t in anchor]) for sample, anchor in state.get("anchors", ()))
     if step_size is not None:
         step_size.steps = state["lr_scale_steps"]
     if (

@@ -48,7 +48,7 @@ from .config import (
     takes_target,
 )
 from .kept_graph import KeptGraph, normalisation_in
-from .learning import compensation_state, load_compensation_state, make_learning, step
+from .learning import compensation_state, load_compensation_state, make_learning
 from .random_stream import RandomStream
 from .record import ForwardRecord, record_from, record_state, to_device, value_of
 from .tensor_slots import TensorSlots
@@ -131,7 +131,6 @@ class Stage:
         self._stashes_weights = config.grad_mode == "weight-stash" or normalisation is not None
         # the stage's own random stream (None: a stage made apart from a pipeline draws from the process's)
         self._random = None if config.random_state is None else RandomStream(index, config.random_state)
-        self._anchors: dict[int, list[Tensor]] = {}  # delay-correction: the weights at each forward
         self._newest: ForwardRecord | None = None  # partime: the newest input
         self._pending: dict[int, ForwardRecord] = {}  # stash modes: forwards awaiting their gradient
         self._out_is_tuple = False
@@ -155,14 +154,7 @@ class Stage:
                 record.random = torch.get_rng_state()
             elif self._random.draws is not False:  # a stage that draws nothing needs no state to draw again
                 record.random = self._random.state
-        now: list[Tensor] = []  # a copy of the weights now, if the grad mode keeps one
-        if self._learning.predictor is not None:
-            record.weights = self._learning.predictor.predict()
-        elif self._stashes_weights:
-            record.weights = [p.detach().clone().requires_grad_() for p in self._params]
-            now = [w.detach() for w in record.weights]
-        if self._learning.corrector is not None:
-            self._anchors[sample] = now or self._learning.corrector.anchor()
+        record.weights = self._learning.forward_weights(sample, self._stash if self._stashes_weights else None)
         if self._kept is not None:
             record.saved = []
         record.outputs = self._run(record)
@@ -222,7 +214,7 @@ class Stage:
     def drop(self, sample: int) -> None:
         """``sample`` will bring no gradient (it was skipped): forget its forward; no step."""
         self._pending.pop(sample, None)
-        self._anchors.pop(sample, None)
+        self._learning.forget(sample)
 
     def state_dict(self) -> dict[str, Any]:
         """Everything of this stage that decides its future ticks, as copies in plain values.
@@ -244,7 +236,6 @@ class Stage:
             "pending": [record_state(r) for r in self._pending.values()],
             "out_is_tuple": self._out_is_tuple,
             **compensation_state(self._learning),
-            "anchors": [(sample, copy_tensors(anchor)) for sample, anchor in self._anchors.items()],
             "random": None if self._random is None else self._random.state.clone(),
         }
 
@@ -267,8 +258,7 @@ class Stage:
             self._loss_module.load_state_dict(state["loss_fn"])
         if self.optimizer is not None and state["optimizer"] is not None:
             self.optimizer.load_state_dict(state["optimizer"])
-        load_compensation_state(self._learning, state)
-        self._anchors = {sample: [t.to(self.device) for t in anchor] for sample, anchor in state.get("anchors", ())}
+        load_compensation_state(self._learning, state, self.device)
         if self._random is not None and state.get("random") is not None:
             self._random.state, self._random.draws = state["random"].clone(), None
         self._newest = None
@@ -288,6 +278,10 @@ class Stage:
         self._out_is_tuple = state["out_is_tuple"]
 
     # -- internals ------------------------------------------------------------------------------
+
+    def _stash(self) -> list[Tensor]:
+        """Leaf copies of the stage's weights now (``weight-stash``: a forward's own weights)."""
+        return [p.detach().clone().requires_grad_() for p in self._params]
 
     def _leaf(self, t: Tensor) -> Tensor:
         leaf = t.detach()
@@ -395,8 +389,7 @@ class Stage:
             )
         if self.optimizer is not None:
             self.phase = "step"
-            anchor = self._anchors.pop(sample) if self._learning.corrector is not None else None
-            step(self._learning, self._params + self._loss_params, found[: len(learnt)], anchor)
+            self._learning.step_for(sample, self._params + self._loss_params, found[: len(learnt)])
             self._drop_stale_graphs()
         if self.index == 0:
             return None
