@@ -72,13 +72,14 @@ def case_items(case: str, count: int) -> tuple[nn.Sequential, list[int], list[Te
     return conv3_net(8, 24, classes=10), [5, 5], xs, ys
 
 
-def plain_loop(model: nn.Sequential, optimizer: Callable) -> Callable[[Tensor, Tensor], None]:
+def plain_loop(model: nn.Sequential, optimizer: Callable, xs: list[Tensor], ys: list[Tensor]) -> Callable[[int], None]:
+    """The whole model learning sample ``i`` (forward, loss, backward, step), one call per sample."""
     model = copy.deepcopy(model)
     step, loss_fn = optimizer(model.parameters()), nn.CrossEntropyLoss()
 
-    def one(x: Tensor, y: Tensor) -> None:
+    def one(i: int) -> None:
         step.zero_grad()
-        loss = loss_fn(model(x), y)
+        loss = loss_fn(model(xs[i]), ys[i])
         loss.backward()
         step.step()
         loss.item()
@@ -86,25 +87,27 @@ def plain_loop(model: nn.Sequential, optimizer: Callable) -> Callable[[Tensor, T
     return one
 
 
-def piece(model: nn.Sequential, cut: list[int], stage: int, x: Tensor, y: Tensor, optimizer: Callable):
-    """Stage ``stage`` of the cut alone with plain torch: a function of (input, target)."""
+def piece(
+    model: nn.Sequential, cut: list[int], stage: int, optimizer: Callable, xs: list[Tensor], ys: list[Tensor]
+) -> Callable[[int], None]:
+    """Stage ``stage`` of the cut alone with plain torch, learning sample ``i``: its forward, its
+    backward (from a fixed output gradient, or from the loss at the last stage) and its step; the
+    last stage's inputs are made beforehand."""
     model = copy.deepcopy(model)
-    head = model[: cut[0]]
-    part = head if stage == 0 else model[cut[0] :]
+    head, tail = model[: cut[0]], model[cut[0] :]
+    part = head if stage == 0 else tail
     step, loss_fn = optimizer(part.parameters()), nn.CrossEntropyLoss()
     with torch.no_grad():
-        out = head(x)
-    grad = torch.randn_like(out)
+        intos = [head(x) for x in xs]
+    grad = torch.randn_like(intos[0])
 
-    def one(x: Tensor, y: Tensor) -> None:
+    def one(i: int) -> None:
         step.zero_grad()
         if stage == 0:
-            part(x).backward(grad)
+            part(xs[i]).backward(grad)
         else:
-            with torch.no_grad():
-                into = head(x)
-            into.requires_grad_()
-            loss = loss_fn(part(into), y)
+            into = intos[i].detach().requires_grad_()
+            loss = loss_fn(part(into), ys[i])
             loss.backward()
             loss.item()
         step.step()
@@ -112,13 +115,13 @@ def piece(model: nn.Sequential, cut: list[int], stage: int, x: Tensor, y: Tensor
     return one
 
 
-def timed_loop(one: Callable[[Tensor, Tensor], None], xs: list[Tensor], ys: list[Tensor], warm: int) -> float:
-    for x, y in zip(xs[:warm], ys[:warm]):
-        one(x, y)
+def timed_loop(one: Callable[[int], None], count: int, warm: int) -> float:
+    for i in range(warm):
+        one(i)
     start = time.perf_counter()
-    for x, y in zip(xs[warm:], ys[warm:]):
-        one(x, y)
-    return (time.perf_counter() - start) / (len(xs) - warm) * 1e3
+    for i in range(warm, count):
+        one(i)
+    return (time.perf_counter() - start) / (count - warm) * 1e3
 
 
 def timed_stream(stream: Callable[[list, list], Iterator], xs: list, ys: list, warm: int) -> float:
@@ -135,9 +138,9 @@ def run_case(case: str, name: str, samples: int, warm: int, rounds: int, floor) 
     optimizer = OPTIMIZERS[name]
     with ExitStack() as stack:
         loops = {
-            "plain loop": plain_loop(model, optimizer),
-            "stage 0 alone": piece(model, cut, 0, xs[0], ys[0], optimizer),
-            "stage 1 alone": piece(model, cut, 1, xs[0], ys[0], optimizer),
+            "plain loop": plain_loop(model, optimizer, xs, ys),
+            "stage 0 alone": piece(model, cut, 0, optimizer, xs, ys),
+            "stage 1 alone": piece(model, cut, 1, optimizer, xs, ys),
         }
         floor_pipe = stack.enter_context(floor.PythonFloor(copy.deepcopy(model), cut, xs[0], optimizer=optimizer))
         pipes = {
@@ -162,7 +165,7 @@ def run_case(case: str, name: str, samples: int, warm: int, rounds: int, floor) 
         for pipe in pipes.values():
             stack.enter_context(pipe)
         runs: dict[str, Callable[[], float]] = {
-            key: (lambda one=one: timed_loop(one, xs, ys, warm)) for key, one in loops.items()
+            key: (lambda one=one: timed_loop(one, len(xs), warm)) for key, one in loops.items()
         }
         runs["Python floor"] = lambda: timed_stream(floor_pipe.stream, xs, ys, warm)
         for key, pipe in pipes.items():
