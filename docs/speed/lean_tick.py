@@ -143,24 +143,18 @@ def run_case(case: str, name: str, samples: int, warm: int, rounds: int, floor) 
             "stage 1 alone": piece(model, cut, 1, optimizer, xs, ys),
         }
         floor_pipe = stack.enter_context(floor.PythonFloor(copy.deepcopy(model), cut, xs[0], optimizer=optimizer))
+        compensations = {"partime defaults": "auto", "partime, compensation=()": ()}
         pipes = {
-            "partime defaults": partime.Pipeline(
+            key: partime.Pipeline(
                 copy.deepcopy(model),
                 cut,
                 executor="process",
                 threads=1,
                 loss_fn=nn.CrossEntropyLoss(),
                 optimizer=optimizer,
-            ),
-            "partime, compensation=()": partime.Pipeline(
-                copy.deepcopy(model),
-                cut,
-                executor="process",
-                threads=1,
-                loss_fn=nn.CrossEntropyLoss(),
-                optimizer=optimizer,
-                compensation=(),
-            ),
+                compensation=compensation,
+            )
+            for key, compensation in compensations.items()
         }
         for pipe in pipes.values():
             stack.enter_context(pipe)

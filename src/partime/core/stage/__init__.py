@@ -10,19 +10,18 @@
 - ``random_stream``: the stage's own random stream, replayed for a forward run again.
 """
 
-from .stage import (
+from .config import (
     DEFAULT_GRAD_MODE,
     GRAD_MODES,
     NONFINITE,
-    Learnt,
     LossFn,
     OptimizerFactory,
-    Stage,
     StageConfig,
     check_loss_fn,
     takes_target,
-    value_of,
 )
+from .record import value_of
+from .stage import Learnt, Stage
 
 __all__ = [
     "DEFAULT_GRAD_MODE",

@@ -37,35 +37,12 @@ from torch import Tensor, nn
 from ...learning.optimizer_state import LOSS_PREFIX, trainable
 from ..boundary_values import as_tensors, copy_tensors, is_float
 from ..schedule import delay
-from .config import (
-    DEFAULT_GRAD_MODE,
-    GRAD_MODES,
-    NONFINITE,
-    LossFn,
-    OptimizerFactory,
-    StageConfig,
-    check_loss_fn,
-    takes_target,
-)
+from .config import StageConfig
 from .kept_graph import KeptGraph, normalisation_in
 from .learning import compensation_state, load_compensation_state, make_learning
 from .random_stream import RandomStream
 from .record import ForwardRecord, record_from, record_state, to_device, value_of
 from .tensor_slots import TensorSlots
-
-__all__ = [
-    "DEFAULT_GRAD_MODE",
-    "GRAD_MODES",
-    "NONFINITE",
-    "Learnt",
-    "LossFn",
-    "OptimizerFactory",
-    "Stage",
-    "StageConfig",
-    "check_loss_fn",
-    "takes_target",
-    "value_of",
-]
 
 log = logging.getLogger("partime.core.stage")
 
