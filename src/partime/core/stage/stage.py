@@ -34,6 +34,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from ...learning.compensation import detached_copies, same_kind
 from ...learning.optimizer_state import LOSS_PREFIX, trainable
 from ..boundary_values import as_tensors, copy_tensors, is_float
 from ..schedule import delay
@@ -106,6 +107,7 @@ class Stage:
             )
         self._kept = KeptGraph(index, self._params) if keeps and normalisation is None else None
         self._stashes_weights = config.grad_mode == "weight-stash" or normalisation is not None
+        self._same_kind = same_kind(self._params)  # its weights can be copied in one pass
         # the stage's own random stream (None: a stage made apart from a pipeline draws from the process's)
         self._random = None if config.random_state is None else RandomStream(index, config.random_state)
         self._newest: ForwardRecord | None = None  # partime: the newest input
@@ -258,7 +260,7 @@ class Stage:
 
     def _stash(self) -> list[Tensor]:
         """Leaf copies of the stage's weights now (``weight-stash``: a forward's own weights)."""
-        return [p.detach().clone().requires_grad_() for p in self._params]
+        return [w.requires_grad_() for w in detached_copies(self._params, self._same_kind)]
 
     def _leaf(self, t: Tensor) -> Tensor:
         leaf = t.detach()
