@@ -13,7 +13,7 @@ compensation, no checks. ``stream`` yields the output of each sample (inference,
 ``inference_mode``) or its loss (learning), in order. ``close()`` (or leaving the ``with``
 block) stops and joins every worker.
 
-It is loaded by path by ``partime bench --sizes`` (``partime.tools.bench.floor``), which times it
+It is loaded by path by ``partime bench --sizes`` (``partime_tools.bench.floor``), which times it
 beside partime's pipelines on the same cut.
 """
 

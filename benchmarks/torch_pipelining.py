@@ -42,8 +42,8 @@ from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
 from partime import Pipeline
-from partime.tools.bench.models import conv3_net
-from partime.tools.bench.runner import CLASSES, LR, frames, median_ms, sgd
+from partime_tools.bench.models import conv3_net
+from partime_tools.bench.runner import CLASSES, LR, frames, median_ms, sgd
 
 SCHEDULES = {"GPipe": ScheduleGPipe, "1F1B": Schedule1F1B}
 SEQUENTIAL = "sequential 1 thread"

@@ -34,9 +34,9 @@ from concurrent.futures import ProcessPoolExecutor
 import torch
 
 from partime.core.stage import learning as stage_learning
-from partime.tools.fidelity import runs
-from partime.tools.fidelity.configs import Config
-from partime.tools.fidelity.tuning import TUNING_SEED, own_grid, reported_seeds, score
+from partime_tools.fidelity import runs
+from partime_tools.fidelity.configs import Config
+from partime_tools.fidelity.tuning import TUNING_SEED, own_grid, reported_seeds, score
 
 EVERY = 10
 """Steps between two eigendecompositions of a parameter's ``L`` and ``R``."""

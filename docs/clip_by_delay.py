@@ -20,8 +20,8 @@ from concurrent.futures import ProcessPoolExecutor
 import torch
 
 import partime.core.stage as stage_module
-from partime.tools.fidelity import runs
-from partime.tools.fidelity.configs import Config
+from partime_tools.fidelity import runs
+from partime_tools.fidelity.configs import Config
 
 EMA = 0.95
 """The running mean's weight on its past: about 20 steps."""

@@ -11,7 +11,7 @@ import argparse
 import json
 from pathlib import Path
 
-from partime.tools.fidelity import runs as fid
+from partime_tools.fidelity import runs as fid
 
 
 def main() -> None:

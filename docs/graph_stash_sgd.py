@@ -9,8 +9,8 @@ import itertools
 import json
 from concurrent.futures import ProcessPoolExecutor
 
-from partime.tools.fidelity import runs as fid
-from partime.tools.fidelity.configs import Config
+from partime_tools.fidelity import runs as fid
+from partime_tools.fidelity.configs import Config
 
 LR = {"digits": 0.1, "shuffled": 0.1, "camera": 1.0}  # sequential's best for plain SGD
 

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from partime import Pipeline, StageError
-from partime.tools.fidelity.runs import LR_GRID, OPTIMIZERS, even_balance, optimizer_factory
+from partime_tools.fidelity.runs import LR_GRID, OPTIMIZERS, even_balance, optimizer_factory
 
 STREAMS = ("drift", "wine", "sensor")
 CONFIGS = [(1, "stash", ()), (4, "stash", ()), (4, "stash", "auto"), (8, "stash", ()), (8, "stash", "auto")]

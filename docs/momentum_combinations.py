@@ -16,8 +16,8 @@ figures in docs/measured-and-not-kept.md came from it.
 
 from basis_rotation import at_own_steps, learnt  # beside this script
 
-from partime.tools.fidelity.configs import automatic
-from partime.tools.fidelity.tuning import TUNING_SEED, own_grid
+from partime_tools.fidelity.configs import automatic
+from partime_tools.fidelity.tuning import TUNING_SEED, own_grid
 
 CONFIGS = (
     automatic("momentum"),

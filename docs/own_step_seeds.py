@@ -15,8 +15,8 @@ docs/fidelity-own-step.md came from it.
 import statistics
 from concurrent.futures import ProcessPoolExecutor
 
-from partime.tools.fidelity import runs
-from partime.tools.fidelity.configs import Config, automatic
+from partime_tools.fidelity import runs
+from partime_tools.fidelity.configs import Config, automatic
 
 SEEDS = range(1, 7)
 

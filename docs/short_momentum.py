@@ -24,8 +24,8 @@ docs/measured-and-not-kept.md came from it.
 from basis_rotation import at_own_steps, learnt  # beside this script
 
 from partime.core import stage as stage_module
-from partime.tools.fidelity.configs import automatic
-from partime.tools.fidelity.tuning import TUNING_SEED, own_grid
+from partime_tools.fidelity.configs import automatic
+from partime_tools.fidelity.tuning import TUNING_SEED, own_grid
 
 ORIGINAL = stage_module.make_learning
 

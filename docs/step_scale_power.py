@@ -22,9 +22,9 @@ import statistics
 from concurrent.futures import ProcessPoolExecutor
 
 from partime.learning import compensation
-from partime.tools.fidelity import runs
-from partime.tools.fidelity.configs import Config, automatic
-from partime.tools.fidelity.tuning import TUNING_SEED, own_grid, reported_seeds, score
+from partime_tools.fidelity import runs
+from partime_tools.fidelity.configs import Config, automatic
+from partime_tools.fidelity.tuning import TUNING_SEED, own_grid, reported_seeds, score
 
 POWERS = (0.5, 1.0)
 DEPTHS = (2, 4)

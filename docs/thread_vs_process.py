@@ -15,8 +15,8 @@ import torch
 from torch import nn
 
 from partime import Pipeline
-from partime.tools.bench.models import conv_net
-from partime.tools.bench.runner import median_ms, sgd
+from partime_tools.bench.models import conv_net
+from partime_tools.bench.runner import median_ms, sgd
 
 ROUNDS = 5
 SAMPLES = 200

@@ -38,7 +38,7 @@ SECONDS = 12
 def pipeline_and_items(case: str) -> tuple[partime.Pipeline, list, list | None]:
     """The pipeline of ``case``, its samples, and their targets (None: in the samples, or inference)."""
     if case == "bench-infer-48":
-        from partime.tools.bench.models import conv3_net
+        from partime_tools.bench.models import conv3_net
 
         xs = [torch.randn(1, 3, 48, 48) for _ in range(300)]
         return partime.Pipeline(conv3_net(), 2, executor="process", threads=1), xs, None
@@ -59,9 +59,9 @@ def pipeline_and_items(case: str) -> tuple[partime.Pipeline, list, list | None]:
             compensation=(),
         )
         return pipe, xs, ys
-    from partime.tools.fidelity.live_runs import stream_items
-    from partime.tools.fidelity.models import camera_model, digits_model, next_frame_error
-    from partime.tools.fidelity.runs import optimizer_factory
+    from partime_tools.fidelity.live_runs import stream_items
+    from partime_tools.fidelity.models import camera_model, digits_model, next_frame_error
+    from partime_tools.fidelity.runs import optimizer_factory
 
     stream, optimizer, lr = ("digits", "sgd", 0.1) if case == "digits-sgd" else ("camera", "adam", 0.001)
     torch.manual_seed(0)

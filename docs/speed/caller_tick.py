@@ -34,9 +34,9 @@ from torch import nn
 
 import partime
 from partime.core.stage import Stage, StageConfig
-from partime.tools.bench.sweep import round_order
-from partime.tools.fidelity.live_runs import stream_items
-from partime.tools.fidelity.models import digits_model
+from partime_tools.bench.sweep import round_order
+from partime_tools.fidelity.live_runs import stream_items
+from partime_tools.fidelity.models import digits_model
 
 ROUNDS = 5
 SAMPLES = 400

@@ -24,8 +24,8 @@ from torch import nn
 
 from partime.core.stage import Stage, StageConfig
 from partime.learning.compensation import check_compensation
-from partime.tools.bench.models import conv3_net
 from partime.traced.fused import fused
+from partime_tools.bench.models import conv3_net
 
 OPTIONS = ["none", "step-scale", "delay-correction", "optimizer-prediction", "long-momentum", "auto"]
 OPTIMIZERS = {

@@ -24,7 +24,7 @@ from torch import nn
 
 import partime
 from partime.executors.driver import Driver
-from partime.tools.bench.sweep import round_order
+from partime_tools.bench.sweep import round_order
 
 ROUNDS = 5
 FRAMES = 300

@@ -16,8 +16,8 @@ import torch
 
 import partime
 from partime.core.stage import Stage, StageConfig
-from partime.tools.bench.models import conv3_net
-from partime.tools.bench.sweep import round_order
+from partime_tools.bench.models import conv3_net
+from partime_tools.bench.sweep import round_order
 
 torch.set_num_threads(1)
 torch.manual_seed(0)

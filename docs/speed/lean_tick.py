@@ -39,10 +39,10 @@ import torch
 from torch import Tensor, nn
 
 import partime
-from partime.tools.bench.models import conv3_net
-from partime.tools.bench.sweep import round_order
-from partime.tools.fidelity.live_runs import stream_items
-from partime.tools.fidelity.models import digits_model
+from partime_tools.bench.models import conv3_net
+from partime_tools.bench.sweep import round_order
+from partime_tools.fidelity.live_runs import stream_items
+from partime_tools.fidelity.models import digits_model
 
 FLOOR = Path(__file__).resolve().parents[2] / "benchmarks" / "python_floor.py"
 OPTIMIZERS = {  # by reference: the Python floor's worker is spawned with its factory

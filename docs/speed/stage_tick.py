@@ -22,7 +22,7 @@ from torch import nn
 
 from partime.core.stage import Stage, StageConfig
 from partime.executors.malloc import keep_freed_memory
-from partime.tools.bench.models import conv3_net
+from partime_tools.bench.models import conv3_net
 
 SIZES = (24, 72)
 """Frame sizes: stage 0 takes about 1.5 and 10 ms a learning tick on the 2-core VM."""

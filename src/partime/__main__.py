@@ -1,4 +1,4 @@
-"""The ``partime`` command (and ``python -m partime``): ``partime.tools.cli`` when the tools extra is installed.
+"""The ``partime`` command (and ``python -m partime``): ``partime_tools.cli`` when the tools extra is installed.
 
 Without the extra it exits with a message that names the missing package and the command that
 installs it, rather than a traceback.
@@ -20,9 +20,9 @@ EXTRA_MODULES = {
 
 
 def main() -> None:
-    """Run ``partime.tools.cli.main``; exit with status 1 and ``pip install partime[tools]`` if the extra is missing."""
+    """Run ``partime_tools.cli.main``; exit with status 1 and ``pip install partime[tools]`` if the extra is missing."""
     try:
-        from .tools.cli import main as cli
+        from partime_tools.cli import main as cli
     except ImportError as error:
         # Only a missing package of the extra is the user's to install; any other import error is a bug.
         top = (error.name or "").partition(".")[0]

@@ -10,11 +10,11 @@ import pytest
 from click.testing import CliRunner
 
 from partime.sources import FakeClock
-from partime.tools.bench import rate as bench_rate
-from partime.tools.bench.rate import FRACTIONS, point, timed
-from partime.tools.bench.rate_contenders import Live, LiveContender, StreamTimes, plain_loop
-from partime.tools.bench.rate_search import RANGE, Search, sustained_rates
-from partime.tools.cli import main
+from partime_tools.bench import rate as bench_rate
+from partime_tools.bench.rate import FRACTIONS, point, timed
+from partime_tools.bench.rate_contenders import Live, LiveContender, StreamTimes, plain_loop
+from partime_tools.bench.rate_search import RANGE, Search, sustained_rates
+from partime_tools.cli import main
 
 WARMUP, SAMPLES = 20, 100
 

@@ -14,17 +14,17 @@ from click.testing import CliRunner
 from torch import nn
 
 from partime.planning.partition import Partition
-from partime.tools.bench import contenders as bench_contenders
-from partime.tools.bench import latency as bench_latency
-from partime.tools.bench.bound import piece_alone, pieces, run_pieces
-from partime.tools.bench.contenders import Setting
-from partime.tools.bench.latency import Offered, latencies, percentile
-from partime.tools.bench.models import conv3_net, resnet
-from partime.tools.bench.peers import ReplicaError, Replicas
-from partime.tools.bench.runner import CLASSES, OPTIMIZERS, frames
-from partime.tools.bench.sweep import groups, round_order, sweep_steps
-from partime.tools.cli import main
 from partime.traced.tracing import layers_of
+from partime_tools.bench import contenders as bench_contenders
+from partime_tools.bench import latency as bench_latency
+from partime_tools.bench.bound import piece_alone, pieces, run_pieces
+from partime_tools.bench.contenders import Setting
+from partime_tools.bench.latency import Offered, latencies, percentile
+from partime_tools.bench.models import conv3_net, resnet
+from partime_tools.bench.peers import ReplicaError, Replicas
+from partime_tools.bench.runner import CLASSES, OPTIMIZERS, frames
+from partime_tools.bench.sweep import groups, round_order, sweep_steps
+from partime_tools.cli import main
 
 
 def finite_positive(x):

@@ -8,11 +8,11 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from partime.tools.bench.models import conv_net
-from partime.tools.bench.runner import median_ms
-from partime.tools.cli import main
-from partime.tools.demo.learning import DEPTH, LEARNERS, LR, MARKS, digits_convnet
-from partime.tools.demo.recorded import blob_video, run_demo
+from partime_tools.bench.models import conv_net
+from partime_tools.bench.runner import median_ms
+from partime_tools.cli import main
+from partime_tools.demo.learning import DEPTH, LEARNERS, LR, MARKS, digits_convnet
+from partime_tools.demo.recorded import blob_video, run_demo
 
 
 def positive(x):

@@ -11,9 +11,9 @@ import pytest
 from click.testing import CliRunner
 
 from partime.core.stage import config as stage_config
-from partime.tools.cli import main
-from partime.tools.fidelity import runs as fid
-from partime.tools.fidelity import tuning as fidelity_tuning
+from partime_tools.cli import main
+from partime_tools.fidelity import runs as fid
+from partime_tools.fidelity import tuning as fidelity_tuning
 
 # What graph-stash adds at each depth, where partime has it: the compensations of stash.
 GRAPH_STASH = (
@@ -362,7 +362,7 @@ def test_an_unknown_configuration_is_refused_with_the_choices():
 
 KILLED_SWEEP = """
 import time
-from partime.tools.fidelity.pool import worker_pool
+from partime_tools.fidelity.pool import worker_pool
 if __name__ == "__main__":
     with worker_pool(2) as pool:
         futures = [pool.submit(time.sleep, 600) for _ in range(2)]

@@ -9,11 +9,11 @@ from torch import nn
 
 from partime import Pipeline
 from partime.sources import FakeClock, at_rate
-from partime.tools.cli import main
-from partime.tools.fidelity import live_runs as runs
-from partime.tools.fidelity.live import Entry, drop_schedule
-from partime.tools.fidelity.live_cli import parse_rates, parse_times
-from partime.tools.fidelity.live_clock import check_real
+from partime_tools.cli import main
+from partime_tools.fidelity import live_runs as runs
+from partime_tools.fidelity.live import Entry, drop_schedule
+from partime_tools.fidelity.live_cli import parse_rates, parse_times
+from partime_tools.fidelity.live_clock import check_real
 
 
 def table(entries):

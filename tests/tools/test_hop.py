@@ -1,4 +1,4 @@
-"""Tests for partime.tools.bench.hop: the bench's hop timing reports finite times and leaves no process."""
+"""Tests for partime_tools.bench.hop: the bench's hop timing reports finite times and leaves no process."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import multiprocessing
 
 import pytest
 
-from partime.tools.bench.hop import measure_hop
+from partime_tools.bench.hop import measure_hop
 
 
 def test_measure_hop_reports_finite_times_and_leaves_no_process() -> None:

@@ -14,11 +14,11 @@ from click.testing import CliRunner
 from torch import nn
 
 from partime import Pipeline
-from partime.tools.bench import floor as bench_floor
-from partime.tools.bench.floor import FLOOR_FILE, KIND, left_out, load_floor
-from partime.tools.bench.models import conv3_net, resnet
-from partime.tools.bench.runner import CLASSES, frames
-from partime.tools.cli import main
+from partime_tools.bench import floor as bench_floor
+from partime_tools.bench.floor import FLOOR_FILE, KIND, left_out, load_floor
+from partime_tools.bench.models import conv3_net, resnet
+from partime_tools.bench.runner import CLASSES, frames
+from partime_tools.cli import main
 
 OPTIMIZERS = {
     "sgd": functools.partial(torch.optim.SGD, lr=0.05),  # steps large enough to change the losses

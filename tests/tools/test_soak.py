@@ -4,8 +4,8 @@ import json
 
 from click.testing import CliRunner
 
-from partime.tools.cli import main
-from partime.tools.soak import summarise
+from partime_tools.cli import main
+from partime_tools.soak import summarise
 
 GROWTH_MB = 8.0
 """Most any process may grow after the warm-up. A leak of one 64 KB sample (or activation, or

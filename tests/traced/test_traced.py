@@ -20,10 +20,10 @@ from partime.planning.hop_cost import stage_hop
 from partime.planning.partition import best_split
 from partime.planning.planner import plan
 from partime.planning.ties import tied_cuts
-from partime.tools.bench.models import resnet
-from partime.tools.cli import main
 from partime.traced.partition import TracedPartition
 from partime.traced.tracing import boundary_specs, layers_of
+from partime_tools.bench.models import resnet
+from partime_tools.cli import main
 
 MODELS = ("resnet", "unet", "transformer", "windowed")  # windowed: a graph fx cannot trace again
 GRAD_MODES = ("partime", "stash", "weight-stash", "graph-stash")

@@ -16,11 +16,11 @@ import time
 import torch
 import torch.multiprocessing as mp
 
-from ...core.boundary_values import TensorSpec
-from ...executors.messages import KIND_DATA, KIND_END
-from ...executors.process.shared_memory import Channel
-from ...executors.waiting import SPIN_S, Aborted
-from ...planning.planner import torch_threads
+from partime.core.boundary_values import TensorSpec
+from partime.executors.messages import KIND_DATA, KIND_END
+from partime.executors.process.shared_memory import Channel
+from partime.executors.waiting import SPIN_S, Aborted
+from partime.planning.planner import torch_threads
 
 log = logging.getLogger(__name__)
 

@@ -27,7 +27,7 @@ import psutil
 import torch
 from torch import nn
 
-from .. import Pipeline
+from partime import Pipeline
 
 log = logging.getLogger(__name__)
 

@@ -34,9 +34,10 @@ from collections.abc import Iterator, Sequence
 from contextlib import ExitStack
 from typing import Any
 
-from ...core.stage.config import DEFAULT_GRAD_MODE, GRAD_MODES
-from ...executors.malloc import keep_freed_memory
-from ...planning.partition import Partition
+from partime.core.stage.config import DEFAULT_GRAD_MODE, GRAD_MODES
+from partime.executors.malloc import keep_freed_memory
+from partime.planning.partition import Partition
+
 from .bound import piece_alone
 from .clocks import cpu_clocks, others_busy
 from .contenders import Contender, Opened, PipelineKind, Setting, Timing, own_tick, pipeline, replicas, sequential

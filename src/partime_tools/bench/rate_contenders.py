@@ -25,11 +25,12 @@ from typing import Any
 
 from torch import nn
 
-from ... import Pipeline
-from ...pipeline.arrivals import newest
-from ...planning.partition import Partition
-from ...planning.planner import torch_threads
-from ...sources import MONOTONIC, Clock, at_rate
+from partime import Pipeline
+from partime.pipeline.arrivals import newest
+from partime.planning.partition import Partition
+from partime.planning.planner import torch_threads
+from partime.sources import MONOTONIC, Clock, at_rate
+
 from .contenders import Setting
 from .runner import plain_step
 

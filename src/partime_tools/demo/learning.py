@@ -36,8 +36,9 @@ from rich.progress import Progress, TaskID
 from rich.table import Table
 from torch import Tensor, nn
 
-from ... import Pipeline, streams
-from ...metrics import OnlineMetrics
+from partime import Pipeline, streams
+from partime.metrics import OnlineMetrics
+
 from ..fidelity.runs import BATCH, HOLD
 
 DEPTH = 2

@@ -6,7 +6,7 @@
    digits drifting, turning and scaling smoothly), accuracy against seconds: the same samples
    learnt by the plain loop on one thread, by the plain loop on every core, and by a pipeline of
    two stage processes with the library's defaults, one thread each, all with the same SGD step
-   (``partime.tools.demo.learning``): samples learnt and rolling accuracy (test-then-train) at a
+   (``partime_tools.demo.learning``): samples learnt and rolling accuracy (test-then-train) at a
    few moments, samples per second, the pipeline's speed-up, and each trained model's accuracy on
    held-out digits.
 3. A live source: the blob video written to an H.264 file (``partime.sources.write_video``), then
@@ -40,7 +40,8 @@ from rich.progress import (
 from rich.table import Table
 from torch import Tensor
 
-from ... import Pipeline
+from partime import Pipeline
+
 from ..bench.models import conv_net
 from ..bench.runner import cpu_clocks, median_ms, others_busy
 from .learning import learning_table, race

@@ -40,11 +40,11 @@ from typing import Any, cast
 import torch
 from torch import Tensor, nn
 
-from ... import streams
-from ...errors import StageError
-from ...metrics import OnlineMetrics
-from ...planning.planner import plan
-from ... import Pipeline
+from partime import streams
+from partime.errors import StageError
+from partime.metrics import OnlineMetrics
+from partime.planning.planner import plan
+from partime import Pipeline
 from .configs import (
     COMPENSATIONS,
     CUTS,

@@ -11,9 +11,9 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import cast
 
-from ...learning import optimizer_state
-from ...learning.compensation import AUTO, AUTOMATIC
-from ...core.stage.config import GRAD_MODES, StageConfig
+from partime.learning import optimizer_state
+from partime.learning.compensation import AUTO, AUTOMATIC
+from partime.core.stage.config import GRAD_MODES, StageConfig
 
 STREAMS = ("digits", "shuffled", "camera")
 OPTIMIZERS = ("sgd", "momentum", "adam")

@@ -19,11 +19,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ... import Pipeline
-from ...core.boundary_values import TensorSpec
-from ...executors.distributed.link import LINK_TIMEOUT_S, RankLink
-from ...executors.distributed.ranks import Run, join_group
-from ...executors.messages import KIND_DATA
+from partime import Pipeline
+from partime.core.boundary_values import TensorSpec
+from partime.executors.distributed.link import LINK_TIMEOUT_S, RankLink
+from partime.executors.distributed.ranks import Run, join_group
+from partime.executors.messages import KIND_DATA
+
 from .models import conv_net
 from .runner import CLASSES, cpu_clocks, optimizer_named, others_busy, time_pipeline, time_sequential
 
@@ -99,7 +100,7 @@ def bench_distributed(
     optimizer: str = "sgd",
     progress: Callable[[str], None] | None = None,
 ) -> list[dict[str, Any]] | None:
-    """``partime.tools.bench.runner.run_bench`` for this executor: every rank calls it, under torchrun.
+    """``partime_tools.bench.runner.run_bench`` for this executor: every rank calls it, under torchrun.
 
     With D ranks, one row per mode for the sequential baselines (rank 0 alone, one thread and
     every core) and one for ``Pipeline(model, D, executor="distributed")``, keyed as

@@ -33,11 +33,12 @@ from contextlib import contextmanager
 import torch
 from torch import Tensor, nn
 
-from ...core.boundary_values import as_tensors
-from ...planning.partition import Partition, split
-from ...planning.planner import torch_threads
-from ...traced.fused import Fused
-from ...traced.tracing import layers_of
+from partime.core.boundary_values import as_tensors
+from partime.planning.partition import Partition, split
+from partime.planning.planner import torch_threads
+from partime.traced.fused import Fused
+from partime.traced.tracing import layers_of
+
 from .contenders import STAGE_INPUTS, Contender, Opened, Setting, Timing, time_calls
 
 Value = Tensor | tuple[Tensor, ...]

@@ -33,15 +33,16 @@ from typing import Any, TypeVar
 import torch
 from torch import Tensor, nn
 
-from ... import Pipeline
-from ...core.boundary_values import as_tensors
-from ...core.stage import Stage, StageConfig
-from ...core.stage.config import DEFAULT_GRAD_MODE
-from ...learning.compensation import check_compensation
-from ...planning.partition import Partition
-from ...planning.planner import torch_threads
-from ...traced.fused import fused
-from ...traced.tracing import layers_of
+from partime import Pipeline
+from partime.core.boundary_values import as_tensors
+from partime.core.stage import Stage, StageConfig
+from partime.core.stage.config import DEFAULT_GRAD_MODE
+from partime.learning.compensation import check_compensation
+from partime.planning.partition import Partition
+from partime.planning.planner import torch_threads
+from partime.traced.fused import fused
+from partime.traced.tracing import layers_of
+
 from .latency import Offered
 from .peers import Replicas
 from .runner import OptimizerFactory, plain_step, sgd

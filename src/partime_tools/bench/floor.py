@@ -22,12 +22,13 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from ...planning.partition import Partition
-from ...planning.planner import torch_threads
+from partime.planning.partition import Partition
+from partime.planning.planner import torch_threads
+
 from .contenders import Contender, Opened, Setting, time_stream
 from .latency import Offered
 
-FLOOR_FILE = Path(__file__).resolve().parents[4] / "benchmarks" / "python_floor.py"
+FLOOR_FILE = Path(__file__).resolve().parents[3] / "benchmarks" / "python_floor.py"
 """Where the floor is: the repository's ``benchmarks/`` folder, beside ``src/``."""
 
 MODULE = "python_floor"

@@ -33,7 +33,8 @@ from collections.abc import Sequence
 from contextlib import ExitStack
 from typing import Any
 
-from ...executors.malloc import keep_freed_memory
+from partime.executors.malloc import keep_freed_memory
+
 from .clocks import cpu_clocks, others_busy
 from .contenders import Setting
 from .latency import latencies

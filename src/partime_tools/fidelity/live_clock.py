@@ -22,11 +22,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from ...pipeline.arrivals import newest
-from ...errors import StageError
-from ... import Pipeline
-from ...planning.planner import torch_threads
-from ...sources import at_rate
+from partime.pipeline.arrivals import newest
+from partime.errors import StageError
+from partime import Pipeline
+from partime.planning.planner import torch_threads
+from partime.sources import at_rate
 from .runs import LR_GRID, optimizer_factory
 from .live import drop_schedule
 from .live_runs import DEPTH, Times, loss_of, stream_items

@@ -28,10 +28,10 @@ from typing import Any, cast
 import torch
 from torch import Tensor, nn
 
-from ...learning.compensation import AUTO
-from ...errors import StageError
-from ...metrics import OnlineMetrics
-from ... import Pipeline
+from partime.learning.compensation import AUTO
+from partime.errors import StageError
+from partime.metrics import OnlineMetrics
+from partime import Pipeline
 from .runs import BATCH, LR_GRID, TUNING_SEED, Config, automatic, optimizer_factory, samples_of
 from .live import drop_schedule
 from .models import camera_model, digits_model, model_of, next_frame_error

@@ -29,8 +29,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from ... import Pipeline
-from ...planning.partition import Partition
+from partime import Pipeline
+from partime.planning.partition import Partition
+
 from .clocks import cpu_clocks, others_busy
 from .hop import measure_hop
 from .models import conv_net

@@ -21,9 +21,10 @@ import torch
 from rich.progress import Progress
 from torch import Tensor, nn
 
-from ... import Pipeline
-from ...pipeline import arrivals
-from ...sources import at_rate, video_frames, write_video
+from partime import Pipeline
+from partime.pipeline import arrivals
+from partime.sources import at_rate, video_frames, write_video
+
 from ..bench.latency import PERCENTILES, percentile
 from ..bench.runner import median_ms
 

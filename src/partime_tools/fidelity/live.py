@@ -20,8 +20,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ...pipeline.arrivals import inbox
-from ...sources import FakeClock, at_rate
+from partime.pipeline.arrivals import inbox
+from partime.sources import FakeClock, at_rate
 
 TIE = 1e-9
 """How close, in periods of the stream, the moment a contender is free must come to an arrival to

@@ -16,8 +16,9 @@ from pathlib import Path
 import click
 from rich.progress import Progress, TaskID
 
-from ...core.stage.config import DEFAULT_GRAD_MODE, GRAD_MODES
-from ...executors import EXECUTORS
+from partime.core.stage.config import DEFAULT_GRAD_MODE, GRAD_MODES
+from partime.executors import EXECUTORS
+
 from ..report import print_bench, print_rate, print_sweep, progress_bar, wide_console
 from .models import MODELS
 from .runner import OPTIMIZERS
