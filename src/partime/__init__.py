@@ -4,6 +4,8 @@ An ``nn.Sequential`` is cut into D contiguous stages that work at once on D diff
 for inference and for online learning; see SPEC.md for what is computed at every tick.
 """
 
+import importlib.metadata
+
 from .checkpoint.files import CheckpointError
 from .core.stage.config import GRAD_MODES
 from .errors import PipelineClosedError, StageError, StageTimeoutError, WorkerDiedError
@@ -24,4 +26,8 @@ __all__ = [
     "StageTimeoutError",
     "WorkerDiedError",
 ]
-__version__ = "0.1.0"
+try:
+    # The one version is pyproject's, read from the installed distribution.
+    __version__ = importlib.metadata.version("partime")
+except importlib.metadata.PackageNotFoundError:  # a source tree on sys.path, never installed
+    __version__ = "0+unknown"
