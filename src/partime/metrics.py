@@ -8,6 +8,7 @@ A result with no output (a sample dropped under ``when_behind="drop"``, or skipp
 ``nonfinite="skip"`` for a non-finite input) is counted and not scored (``unscored``).
 
 >>> import torch
+>>> from partime.metrics import OnlineMetrics
 >>> metrics = OnlineMetrics(window=2)
 >>> metrics.update(torch.tensor([[0.1, 0.9]]), torch.tensor([1]), loss=0.5)
 >>> metrics.update(torch.tensor([[0.8, 0.2]]), torch.tensor([1]), loss=1.5)

@@ -54,6 +54,7 @@ class FakeClock(Clock):
     """A clock for tests: it stands still until ``advance`` moves it, and ``sleep_until`` jumps to
     the time slept until (at once: nobody waits in real time).
 
+    >>> from partime.sources import FakeClock
     >>> clock = FakeClock()
     >>> clock.advance(0.5)
     >>> clock.sleep_until(2.0)
@@ -127,6 +128,7 @@ def at_rate(items: Iterable[T], fps: SupportsFloat, *, clock: Clock = MONOTONIC)
     ``fps`` is any finite real number above 0: an int, a float, a numpy number, or the
     ``fractions.Fraction`` that PyAV gives as a stream's ``average_rate`` (30000/1001).
 
+    >>> from partime.sources import FakeClock, at_rate
     >>> clock = FakeClock()
     >>> source = at_rate(["a", "b", "c"], fps=10, clock=clock)
     >>> [(item, clock.now()) for item in source]

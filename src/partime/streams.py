@@ -19,6 +19,7 @@ another seed gives others. Frames are float32 in [0, 1] with a leading batch dim
 
 ``smoothness`` measures how alike consecutive frames are, for tests and tables.
 
+>>> from partime.streams import moving_digits, smoothness
 >>> frames = [x for x, _ in moving_digits(3, seed=1)]
 >>> frames[0].shape, frames[0].dtype
 (torch.Size([1, 1, 24, 24]), torch.float32)
@@ -258,6 +259,7 @@ def _panning_camera(photos: Tensor, n: int, seed: int, size: int, batch: int, sp
 def next_frame_pairs(frames: Iterable[Tensor]) -> Iterator[tuple[Tensor, Tensor]]:
     """``(frame_t, frame_{t+1})`` for each consecutive pair, lazily: (sample, target) for next-frame learning.
 
+    >>> import torch
     >>> list(next_frame_pairs(torch.tensor([float(i)]) for i in range(3)))
     [(tensor([0.]), tensor([1.])), (tensor([1.]), tensor([2.]))]
     """

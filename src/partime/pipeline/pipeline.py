@@ -157,11 +157,17 @@ class Pipeline:
     While a ``process`` pipeline is open in the main thread, SIGTERM closes it (see
     ``partime.pipeline.sigterm``).
 
+    >>> import torch
+    >>> from torch import nn
+    >>> from partime import Pipeline
     >>> model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    >>> samples = [torch.randn(4) for _ in range(5)]
     >>> with Pipeline(model, [2, 1], executor="inline") as pipe:
-    ...     results = list(pipe.stream(torch.randn(4) for _ in range(5)))
+    ...     results = list(pipe.stream(samples))
     >>> [r.index for r in results]
     [0, 1, 2, 3, 4]
+    >>> torch.allclose(results[4].output, model(samples[4]))
+    True
 
     Results come out in sample order; ``step`` returns the one that left the pipeline at that
     tick (None for the first D - 1 ticks) and ``flush`` those still inside. Every sample offered
