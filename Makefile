@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo check test bench clean
+.PHONY: install demo check test bench docs clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -18,8 +18,8 @@ demo: $(STAMP)
 	$(BIN)/partime demo
 
 check: $(STAMP)
-	$(BIN)/ruff check src tests examples docs benchmarks
-	$(BIN)/ruff format --check src tests examples docs benchmarks
+	$(BIN)/ruff check src tests examples experiments benchmarks
+	$(BIN)/ruff format --check src tests examples experiments benchmarks
 	$(BIN)/mypy
 
 test: check
@@ -27,6 +27,9 @@ test: check
 
 bench: $(STAMP)
 	$(BIN)/partime bench --sizes
+
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict --site-dir site
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info
