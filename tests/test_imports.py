@@ -1,9 +1,12 @@
 """The package's imports and layout: no cycle between its modules, no private name taken from another
-module, one class per name, and which subpackages may import which."""
+module, one class per name, and which subpackages may import which; and how the code around it (the
+tools, the benchmarks, the examples, the experiments) reaches it: through its public API and its one
+seam, ``partime.internals``, which nothing inside the package imports and which holds no dead name."""
 
 from __future__ import annotations
 
 import ast
+import importlib
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "partime"
@@ -232,3 +235,176 @@ def test_no_two_classes_share_a_name() -> None:
     classes = _classes()
     assert "Stage" in classes and "Pipeline" in classes  # the walk finds them
     assert {name: where for name, where in classes.items() if len(where) > 1} == {}
+
+
+# -- the code around the package ------------------------------------------------------------------
+
+ROOT = PACKAGE.parents[1]
+USERS = (ROOT / "src" / "partime_tools", ROOT / "benchmarks", ROOT / "examples", ROOT / "experiments")
+"""The code that uses partime from outside: the tools, the benchmarks, the examples and the experiments."""
+
+API = ("partime", "partime.sources", "partime.metrics", "partime.streams", "partime.video", "partime.checkpoint")
+"""The public modules: ``partime`` (its ``__all__``) and the modules a user imports by name."""
+
+SEAM = "partime.internals"
+"""The one seam for measuring partime's parts apart (see its docstring)."""
+
+REACHABLE = (*API, SEAM)
+
+
+def _exported(name: str) -> set[str]:
+    """What module ``name`` offers: its ``__all__``, else its public names that partime defines (not
+    the names it imports from elsewhere, not its submodules); a package also offers its reachable
+    submodules."""
+    module = importlib.import_module(name)
+    names = set(getattr(module, "__all__", ()))
+    if not hasattr(module, "__all__"):
+        names = {
+            n
+            for n, value in vars(module).items()
+            if not n.startswith("_")
+            and f"{name}.{n}" not in MODULES
+            and str(getattr(value, "__module__", name)).split(".")[0] == "partime"
+        }
+    return names | {m.rpartition(".")[2] for m in REACHABLE if m.rpartition(".")[0] == name}
+
+
+def _is_partime(module: str) -> bool:
+    return module == "partime" or module.startswith("partime.")
+
+
+def _taken(source: str) -> list[tuple[int, str, str]]:
+    """(line, module, name) for everything ``source`` takes from partime: each name it imports from a
+    partime module (``""`` for a whole module imported), each attribute it reads or writes on a
+    partime module bound to a name, each ``getattr``/``setattr``/``hasattr``/``delattr`` of a literal
+    name on one, and each partime module it imports by a literal string (``importlib.import_module``,
+    ``__import__``). A step from a public package to a public submodule (``partime.sources`` off
+    ``partime``) is not a name taken but the way to one."""
+    tree = ast.parse(source)
+    modules: dict[str, str] = {}  # name in the source -> the partime module it is bound to
+    taken = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if _is_partime(a.name):
+                    taken.append((node.lineno, a.name, ""))
+                    if a.asname:
+                        modules[a.asname] = a.name
+                    else:
+                        modules["partime"] = "partime"
+        elif isinstance(node, ast.ImportFrom) and not node.level and _is_partime(node.module or ""):
+            module = node.module or ""
+            for a in node.names:
+                taken.append((node.lineno, module, a.name))
+                if f"{module}.{a.name}" in MODULES:
+                    modules[a.asname or a.name] = f"{module}.{a.name}"
+
+    def bound(node: ast.expr) -> str | None:
+        """The partime module ``node`` stands for, where it is a name bound to one or a public
+        submodule read off one."""
+        if isinstance(node, ast.Name):
+            return modules.get(node.id)
+        if isinstance(node, ast.Attribute):
+            parent = bound(node.value)
+            if parent is not None and f"{parent}.{node.attr}" in REACHABLE:
+                return f"{parent}.{node.attr}"
+        return None
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and (module := bound(node.value)) and bound(node) is None:
+            taken.append((node.lineno, module, node.attr))
+        elif isinstance(node, ast.Call) and node.args:
+            function = node.func.id if isinstance(node.func, ast.Name) else getattr(node.func, "attr", "")
+            literals = [a.value if isinstance(a, ast.Constant) and isinstance(a.value, str) else "" for a in node.args]
+            module, name = bound(node.args[0]), (literals + [""])[1]
+            if function in {"getattr", "setattr", "hasattr", "delattr"} and module and name:
+                taken.append((node.lineno, module, name))
+            if function in {"import_module", "__import__"} and _is_partime(literals[0]):
+                taken.append((node.lineno, literals[0], ""))
+    return sorted(taken)
+
+
+def _beyond_the_api(taken: list[tuple[int, str, str]], offered: dict[str, set[str]]) -> list[str]:
+    """``line: module.name`` for each thing taken from a module outside ``offered`` (the reachable
+    modules and the names each offers), each name such a module does not offer, and each private
+    name (a leading underscore, dunders aside)."""
+    return [
+        f"{line}: {module}{'.' if name else ''}{name}"
+        for line, module, name in taken
+        if module not in offered
+        or (name and not (name.startswith("__") and name.endswith("__")) and name not in offered[module])
+    ]
+
+
+SAMPLE = """
+import partime
+import partime.core.stage as stage_module
+from partime import Partition, Pipeline, internals, streams
+from partime.internals import Channel, _hidden
+from partime.planning.partition import split
+from partime.sources import at_rate
+
+pipe = partime.Pipeline(model, 2)
+frames = partime.sources.at_rate(streams.moving_digits(8), 30.0)
+stage_module.Stage
+streams._digits
+partime.core.stage
+internals.newest(frames)
+getattr(internals, "_POLL")
+importlib.import_module("partime.executors.malloc")
+print(partime.__version__)
+"""
+
+
+def test_the_api_checker_finds_what_reaches_beyond_the_api() -> None:
+    offered = {
+        "partime": {"Partition", "Pipeline", "internals", "sources", "streams"},
+        "partime.sources": {"at_rate"},
+        "partime.streams": {"moving_digits"},
+        "partime.internals": {"Channel", "newest"},
+    }
+    assert _beyond_the_api(_taken(SAMPLE), offered) == [
+        "3: partime.core.stage",
+        "5: partime.internals._hidden",
+        "6: partime.planning.partition.split",
+        "11: partime.core.stage.Stage",
+        "12: partime.streams._digits",
+        "13: partime.core",
+        "15: partime.internals._POLL",
+        "16: partime.executors.malloc",
+    ]
+    assert {name for _, module, name in _taken(SAMPLE) if module == SEAM} == {"Channel", "_hidden", "newest", "_POLL"}
+
+
+def _users() -> dict[str, list[tuple[int, str, str]]]:
+    """What each file of the code around the package takes from partime, by file."""
+    return {
+        str(path.relative_to(ROOT)): _taken(path.read_text())
+        for folder in USERS
+        if folder.is_dir()
+        for path in sorted(folder.rglob("*.py"))
+    }
+
+
+def test_the_tools_benchmarks_examples_and_experiments_reach_only_the_api_and_the_seam() -> None:
+    users = _users()
+    assert "src/partime_tools/bench/hop.py" in users and "benchmarks/torch_pipelining.py" in users
+    assert [(m, n) for _, m, n in users["benchmarks/torch_pipelining.py"]] == [("partime", "Pipeline")]
+    assert ("partime.internals", "Channel") in [(m, n) for _, m, n in users["src/partime_tools/bench/hop.py"]]
+    offered = {name: _exported(name) for name in REACHABLE}
+    assert "Channel" in offered[SEAM] and "Pipeline" in offered["partime"] and "write_video" in offered["partime.video"]
+    beyond = [f"{path}:{found}" for path, taken in users.items() for found in _beyond_the_api(taken, offered)]
+    assert beyond == []
+
+
+def test_nothing_inside_the_package_imports_the_seam() -> None:
+    assert SEAM in MODULES
+    assert sorted(name for name, imported in _edges().items() if SEAM in imported) == []
+
+
+def test_every_name_of_the_seam_has_a_user() -> None:
+    seam = importlib.import_module(SEAM)
+    used = {name for taken in _users().values() for _, module, name in taken if module == SEAM}
+    assert "Channel" in used  # the bench's hop
+    assert sorted(set(seam.__all__) - used) == []
+    assert sorted(seam.__all__) == sorted(n for n in vars(seam) if not n.startswith("_"))  # it offers what it holds

@@ -1,14 +1,16 @@
 """The one seam into partime's parts, for those who measure them apart.
 
 Everything a user needs is in ``partime`` and its public modules (``partime.sources``,
-``partime.metrics``, ``partime.streams``, ``partime.video``). This module is for microbenchmarks
+``partime.metrics``, ``partime.streams``, ``partime.video``, ``partime.checkpoint``). This module is for microbenchmarks
 and experiments that time or swap a piece of the pipeline on its own: a stage as its worker runs
 it, the shared-memory channel and semaphores between processes, the link between ranks, the cut of
 a model into stages, and what "auto" picks.
 
 No promise of stability is made for these names: they follow partime's insides from one version
 to the next, and the tools that ship with partime (``partime_tools``) and the scripts in
-``experiments/`` are their only intended users. Nothing inside partime imports this module.
+``experiments/`` are their only intended users. Nothing inside partime imports this module, those
+users take nothing from partime but its public names and these, and every name here has one of them
+as a user (``tests/test_imports.py``).
 """
 
 from .core.boundary_values import TensorSpec, as_tensors

@@ -6,12 +6,12 @@ scikit-learn, Pillow, matplotlib, psutil): ``pip install partime[tools]``. Impor
 ``partime`` loads none of this package.
 
 They reach the library through its public names (``partime.Pipeline``, ``partime.sources``,
-``partime.streams``, ``partime.metrics``) and, where they measure or reproduce what lies below a
-``Pipeline``, through one seam of internal modules, which a change to them must keep working for
-the tools: the planner and its ``Partition`` (the cut a pipeline would choose, timed with the
-threads it would use), ``core.stage`` (a stage's own tick, for the bench's bound),
-``learning.compensation`` (what ``"auto"`` chooses), ``traced`` (the layers of a traced model),
-``pipeline.arrivals`` (the same drop policy for a plain loop), and the process executor's
-channels, semaphores and ``executors.malloc`` (the bench's replicas run on the same transport as
+``partime.streams``, ``partime.metrics``, ``partime.Partition``) and, where they measure or
+reproduce what lies below a ``Pipeline``, through the one seam ``partime.internals`` and nothing
+deeper: the planner (the cut a pipeline would choose, timed with the threads it would use), a
+``Stage`` and its own tick (for the bench's bound), what ``"auto"`` chooses, the layers of a
+traced model, the same drop policy for a plain loop (``newest``), and the process executor's
+channels, semaphores and ``keep_freed_memory`` (the bench's replicas run on the same transport as
 the pipelines they are compared with, and the distributed bench on the same links between ranks).
+``tests/test_imports.py`` holds them to it.
 """

@@ -20,7 +20,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from partime.core.stage.config import DEFAULT_GRAD_MODE
+from partime.internals import DEFAULT_GRAD_MODE
 
 OPTIMIZER_NAMES = {"sgd": "SGD", "adam": "Adam"}
 """How the reports name the bench's optimizers (``bench.OPTIMIZERS``)."""

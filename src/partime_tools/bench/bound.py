@@ -33,11 +33,8 @@ from contextlib import contextmanager
 import torch
 from torch import Tensor, nn
 
-from partime.core.boundary_values import as_tensors
-from partime.planning.partition import Partition, split
-from partime.planning.planner import torch_threads
-from partime.traced.fused import Fused
-from partime.traced.tracing import layers_of
+from partime import Partition
+from partime.internals import Fused, as_tensors, layers_of, split, torch_threads
 
 from .contenders import STAGE_INPUTS, Contender, Opened, Setting, Timing, time_calls
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import click
 from rich.progress import Progress, TaskID
 
-from partime.core.stage.config import DEFAULT_GRAD_MODE, GRAD_MODES
-from partime.executors import EXECUTORS
+from partime import EXECUTORS, GRAD_MODES
+from partime.internals import DEFAULT_GRAD_MODE
 
 from ..report import print_bench, print_rate, print_sweep, progress_bar, wide_console
 from .models import MODELS
@@ -26,7 +26,7 @@ from .sweep import SIZES as SWEEP_SIZES
 
 DISTRIBUTED_LAYERS = 16
 """The distributed bench's default number of blocks: stages at D = 2 long enough for the distributed
-executor's sends between ranks to pay off (measured: docs/measured-and-not-kept.md)."""
+executor's sends between ranks to pay off (measured: experiments/measured-and-not-kept.md)."""
 
 
 def whole_numbers(

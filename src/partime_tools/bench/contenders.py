@@ -33,15 +33,17 @@ from typing import Any, TypeVar
 import torch
 from torch import Tensor, nn
 
-from partime import Pipeline
-from partime.core.boundary_values import as_tensors
-from partime.core.stage import Stage, StageConfig
-from partime.core.stage.config import DEFAULT_GRAD_MODE
-from partime.learning.compensation import check_compensation
-from partime.planning.partition import Partition
-from partime.planning.planner import torch_threads
-from partime.traced.fused import fused
-from partime.traced.tracing import layers_of
+from partime import Partition, Pipeline
+from partime.internals import (
+    DEFAULT_GRAD_MODE,
+    Stage,
+    StageConfig,
+    as_tensors,
+    check_compensation,
+    fused,
+    layers_of,
+    torch_threads,
+)
 
 from .latency import Offered
 from .peers import Replicas

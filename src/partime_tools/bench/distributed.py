@@ -20,10 +20,7 @@ import torch.distributed as dist
 from torch import nn
 
 from partime import Pipeline
-from partime.core.boundary_values import TensorSpec
-from partime.executors.distributed.link import LINK_TIMEOUT_S, RankLink
-from partime.executors.distributed.ranks import Run, join_group
-from partime.executors.messages import KIND_DATA
+from partime.internals import KIND_DATA, LINK_TIMEOUT_S, RankLink, Run, TensorSpec, join_group
 
 from .models import conv_net
 from .runner import CLASSES, cpu_clocks, optimizer_named, others_busy, time_pipeline, time_sequential

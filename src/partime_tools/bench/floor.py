@@ -22,8 +22,8 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from partime.planning.partition import Partition
-from partime.planning.planner import torch_threads
+from partime import Partition
+from partime.internals import torch_threads
 
 from .contenders import Contender, Opened, Setting, time_stream
 from .latency import Offered

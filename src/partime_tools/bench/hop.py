@@ -1,7 +1,7 @@
 """How long one hop through a shared-memory channel takes between two processes, for ``partime bench``.
 
-A user of ``partime.executors.process.shared_memory``: a spawned child echoes every message back, and half the round
-trip is one ``put`` and one ``get``. Both ends run at one torch thread, as a pipeline's stages do (``threads=1``):
+A user of ``partime.internals.Channel``: a spawned child echoes every message back, and half the round trip
+is one ``put`` and one ``get``. Both ends run at one torch thread, as a pipeline's stages do (``threads=1``):
 at torch's default count, a copy of more than 32,768 elements is split between threads, and on a machine with as
 many cores as the two processes those threads wait for a core the other process holds (a hop of 216 KB took
 about 3 ms on a 2-core VM at the default count, 20 µs at one thread).
@@ -16,11 +16,7 @@ import time
 import torch
 import torch.multiprocessing as mp
 
-from partime.core.boundary_values import TensorSpec
-from partime.executors.messages import KIND_DATA, KIND_END
-from partime.executors.process.shared_memory import Channel
-from partime.executors.waiting import SPIN_S, Aborted
-from partime.planning.planner import torch_threads
+from partime.internals import KIND_DATA, KIND_END, SPIN_S, Aborted, Channel, TensorSpec, torch_threads
 
 log = logging.getLogger(__name__)
 

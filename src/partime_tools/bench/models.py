@@ -2,7 +2,7 @@
 
 ``conv`` is ``conv3_net``, an ``nn.Sequential`` cut between its blocks (``conv_net``, its 5x5
 sibling, is the model of ``partime bench`` and of the demo); ``resnet`` is a
-ResNet-style network, a module of its own that partime traces (``partime.traced.tracing``) and cuts
+ResNet-style network, a module of its own that partime traces (``partime.internals.layers_of``) and cuts
 between the nodes of its graph, with its shortcuts crossing the cuts. Each factory takes
 ``(layers, channels, classes=, seed=)`` and builds the same model from the same seed.
 """

@@ -30,12 +30,7 @@ import torch
 import torch.multiprocessing as mp
 from torch import Tensor, nn
 
-from partime.core.boundary_values import TensorSpec
-from partime.executors.malloc import keep_freed_memory
-from partime.executors.messages import KIND_DATA
-from partime.executors.process.semaphore import SharedSemaphore
-from partime.executors.process.shared_memory import Channel, Flag
-from partime.executors.waiting import POLL_S, Aborted
+from partime.internals import KIND_DATA, POLL_S, Aborted, Channel, Flag, SharedSemaphore, TensorSpec, keep_freed_memory
 
 if TYPE_CHECKING:
     from typing_extensions import Self

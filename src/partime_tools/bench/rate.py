@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from contextlib import ExitStack
 from typing import Any
 
-from partime.executors.malloc import keep_freed_memory
+from partime.internals import keep_freed_memory
 
 from .clocks import cpu_clocks, others_busy
 from .contenders import Setting

@@ -7,7 +7,7 @@ returns a ``StreamTimes``: for every frame, in order, when it arrived, when its 
 and whether it was dropped. The contenders:
 
 - ``plain(threads)``: a copy of the model with ``threads`` torch threads, in a plain loop over
-  ``partime.pipeline.arrivals.newest`` (the newest frame arrived, the ones it replaced dropped);
+  ``partime.internals.newest`` (the newest frame arrived, the ones it replaced dropped);
 - ``pipelined(executor, depth)``: ``Pipeline(model, depth, executor=executor)`` with one torch
   thread per stage, its ``stream(source, when_behind="drop")``.
 
@@ -25,10 +25,8 @@ from typing import Any
 
 from torch import nn
 
-from partime import Pipeline
-from partime.pipeline.arrivals import newest
-from partime.planning.partition import Partition
-from partime.planning.planner import torch_threads
+from partime import Partition, Pipeline
+from partime.internals import newest, torch_threads
 from partime.sources import MONOTONIC, Clock, at_rate
 
 from .contenders import Setting

@@ -29,8 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from partime import Pipeline
-from partime.planning.partition import Partition
+from partime import Partition, Pipeline
 
 from .clocks import cpu_clocks, others_busy
 from .hop import measure_hop

@@ -34,9 +34,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import ExitStack
 from typing import Any
 
-from partime.core.stage.config import DEFAULT_GRAD_MODE, GRAD_MODES
-from partime.executors.malloc import keep_freed_memory
-from partime.planning.partition import Partition
+from partime import GRAD_MODES, Partition
+from partime.internals import DEFAULT_GRAD_MODE, keep_freed_memory
 
 from .bound import piece_alone
 from .clocks import cpu_clocks, others_busy
@@ -53,7 +52,7 @@ log = logging.getLogger(__name__)
 SIZES = (12, 24, 48, 72, 96)
 """The default sweep of frame sizes: with the default ``conv3_net`` at D = 2, from stages short enough
 for a tick's own cost to matter to stages long enough for a pipeline to pay off (96x96 frames:
-activations of 880 KB). Stage times measured: docs/measured-and-not-kept.md."""
+activations of 880 KB). Stage times measured: experiments/measured-and-not-kept.md."""
 
 DEPTHS = (2,)
 """The default pipeline depths (and number of replicas) of the sweep."""

@@ -3,7 +3,7 @@ model can keep up with.
 
 The frames are written to an H.264 file (``partime.sources.write_video``), then played by
 ``at_rate(video_frames(path), fps)`` at ``LIVE_PACE`` times the rate the plain model sustains on
-them (decoding included), for the plain model (``arrivals.newest``) and for the pipeline of
+them (decoding included), for the plain model (``partime.internals.newest``) and for the pipeline of
 ``DEPTH`` stages (``when_behind="drop"``), each leaving out the frames it cannot take: frames kept
 per second, frames dropped, latency; a picture of a few frames and the pipeline's outputs is saved.
 """
@@ -22,7 +22,7 @@ from rich.progress import Progress
 from torch import Tensor, nn
 
 from partime import Pipeline
-from partime.pipeline import arrivals
+from partime.internals import newest
 from partime.sources import at_rate, video_frames, write_video
 
 from ..bench.latency import PERCENTILES, percentile
@@ -79,12 +79,12 @@ def _sustained_ms(model: nn.Module, path: Path) -> float:
 
 def _play_plain(bar: Progress, model: nn.Module, path: Path, fps: float, n: int) -> dict[str, float]:
     """The plain model on the video played at ``fps``: each time the newest frame that arrived, the
-    others dropped (``arrivals.newest``, as ``when_behind="drop"`` reads it)."""
+    others dropped (``partime.internals.newest``, as ``when_behind="drop"`` reads it)."""
     task = bar.add_task("live source, plain model", total=n)
     source = at_rate(_decoded(path), fps)
     latencies, dropped = [], 0
     with torch.no_grad():
-        for x, arrived, replaced in arrivals.newest(source):
+        for x, arrived, replaced in newest(source):
             model(x)
             latencies.append(source.clock.now() - arrived)
             dropped += replaced

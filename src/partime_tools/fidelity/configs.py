@@ -11,9 +11,8 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import cast
 
-from partime.learning import optimizer_state
-from partime.learning.compensation import AUTO, AUTOMATIC
-from partime.core.stage.config import GRAD_MODES, StageConfig
+from partime import GRAD_MODES
+from partime.internals import AUTO, AUTOMATIC, OPTIMIZER_STATE_COMPENSATIONS, StageConfig
 
 STREAMS = ("digits", "shuffled", "camera")
 OPTIMIZERS = ("sgd", "momentum", "adam")
@@ -36,7 +35,7 @@ _STASH = (
 # compensation="auto" chooses for the optimizer); a grad mode missing here is measured plain. The
 # optimizer-aware options need the optimizer's momentum (plain SGD has none, and its prediction is
 # its weights), and with a prediction both stash modes compute the same (the predicted weights are
-# stashed). "graph-stash" is measured wherever partime.core.stage.config.GRAD_MODES has it.
+# stashed). "graph-stash" is measured wherever partime.GRAD_MODES has it.
 COMPENSATIONS = {
     "partime": ("",),
     "weight-stash": ("", "delay-correction"),
@@ -71,7 +70,9 @@ def compensations(grad_mode: str, optimizer: str) -> tuple[str, ...]:
     (``DEFAULT_GRAD_MODE`` is always measured with it: the default is measured)."""
     resolved = [automatic(optimizer) if c == AUTO else c for c in COMPENSATIONS.get(grad_mode, ("",))]
     names = [
-        c for c in resolved if optimizer != "sgd" or not any(option in optimizer_state.OPTIONS for option in c.split("+"))
+        c
+        for c in resolved
+        if optimizer != "sgd" or not any(option in OPTIMIZER_STATE_COMPENSATIONS for option in c.split("+"))
     ]
     if grad_mode == DEFAULT_GRAD_MODE:
         names.append(automatic(optimizer))

@@ -11,7 +11,7 @@ go in and when, at rate 10 per second and 0.15 s per sample::
     arrives    0   .10  .20  .30  .40  .50  .60  .70  .80  .90
     goes in    0   .15   -   .30  .45   -   .60  .75   -   .90
 
-The rule is the library's own: the schedule drives ``partime.pipeline.arrivals``' reader of a paced source
+The rule is the library's own: the schedule drives ``partime.internals.inbox``, the reader of a paced source
 (``when_behind="drop"``) on a ``partime.sources.FakeClock``; no torch, no processes, no real time.
 """
 
@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from partime.pipeline.arrivals import inbox
+from partime.internals import inbox
 from partime.sources import FakeClock, at_rate
 
 TIE = 1e-9

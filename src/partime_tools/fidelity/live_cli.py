@@ -19,12 +19,12 @@ from typing import Any
 import click
 from rich.progress import Progress, TaskID
 
-from . import runs as fid
+from ..report import progress_bar, wide_console
 from . import live_report as report
 from . import live_runs as runs
+from . import runs as fid
 from .live_clock import check_real, measure
 from .models import model_of
-from ..report import progress_bar, wide_console
 
 
 def parse_rates(value: str) -> tuple[float, ...]:

@@ -6,7 +6,7 @@ optimizer step on one torch thread) and a real ``Pipeline(model, DEPTH, executor
 with its defaults otherwise, both learning on the stream; the live view's runs then take those
 times as given (``fidelity_live_runs``). ``check_real`` plays a stream with
 ``partime.sources.at_rate`` on the real clock to both, the pipeline under ``when_behind="drop"``
-and the plain loop over ``partime.pipeline.arrivals.newest`` (the same rule), and counts what each kept
+and the plain loop over ``partime.internals.newest`` (the same rule), and counts what each kept
 beside what ``fidelity_live.drop_schedule`` predicts from the times.
 """
 
@@ -22,15 +22,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from partime.pipeline.arrivals import newest
-from partime.errors import StageError
-from partime import Pipeline
-from partime.planning.planner import torch_threads
+from partime import Pipeline, StageError
+from partime.internals import newest, torch_threads
 from partime.sources import at_rate
-from .runs import LR_GRID, optimizer_factory
+
 from .live import drop_schedule
 from .live_runs import DEPTH, Times, loss_of, stream_items
 from .models import camera_model, digits_model, model_of, next_frame_error
+from .runs import LR_GRID, optimizer_factory
 
 MEASURED, WARMUP = 300, 50
 """Samples timed, after the warm-up ones."""

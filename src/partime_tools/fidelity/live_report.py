@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .runs import OPTIMIZER_NAMES
 from .live_runs import CONTENDERS
+from .runs import OPTIMIZER_NAMES
 
 FILES = {"json": "live.json", "markdown": "live.md", "png": "live.png"}
 LINE_STYLES = ("-", "--", ":", "-.")

@@ -28,14 +28,14 @@ from typing import Any, cast
 import torch
 from torch import Tensor, nn
 
-from partime.learning.compensation import AUTO
-from partime.errors import StageError
+from partime import Pipeline, StageError
+from partime.internals import AUTO
 from partime.metrics import OnlineMetrics
-from partime import Pipeline
-from .runs import BATCH, LR_GRID, TUNING_SEED, Config, automatic, optimizer_factory, samples_of
+
 from .live import drop_schedule
 from .models import camera_model, digits_model, model_of, next_frame_error
 from .pool import worker_pool
+from .runs import BATCH, LR_GRID, TUNING_SEED, Config, automatic, optimizer_factory, samples_of
 
 CONTENDERS = ("plain", "pipeline")
 DEPTH = 2

@@ -40,11 +40,10 @@ from typing import Any, cast
 import torch
 from torch import Tensor, nn
 
-from partime import streams
-from partime.errors import StageError
+from partime import Pipeline, StageError, streams
+from partime.internals import plan
 from partime.metrics import OnlineMetrics
-from partime.planning.planner import plan
-from partime import Pipeline
+
 from .configs import (
     COMPENSATIONS,
     CUTS,
