@@ -17,7 +17,7 @@ SPIN_S = 100e-6
 time is met without a sleep and a cross-core wake-up; a process that waits longer goes to sleep,
 so an idle stage costs no core. Between tries the spinner yields its core (``os.sched_yield``):
 with more processes than cores a pure spin would hold the core the peer needs, and every hop would
-cost the whole ``SPIN_S``. What the spin saves, measured: docs/measured-and-not-kept.md."""
+cost the whole ``SPIN_S``. What the spin saves, measured: experiments/measured-and-not-kept.md."""
 
 _yield_core: Callable[[], None] = getattr(os, "sched_yield", lambda: None)  # not on Windows
 

@@ -50,7 +50,7 @@ with the scheduled lr.
 
 With ``D = 1`` every delay is 0 and each is exactly plain online learning.
 
-Measurements, and the variants tried and not kept: docs/measured-and-not-kept.md.
+Measurements, and the variants tried and not kept: experiments/measured-and-not-kept.md.
 """
 
 from __future__ import annotations

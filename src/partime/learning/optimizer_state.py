@@ -41,7 +41,7 @@ step count and second moments. Both are exactly plain online learning at ``τ = 
     still moves the weights as fast (``(1 − d) / (1 − μ)`` is kept); Adam's average is normalised
     already. A stage with no delay keeps the user's coefficients.
 
-Measurements: docs/measured-and-not-kept.md.
+Measurements: experiments/measured-and-not-kept.md.
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ TICK_OVERHEAD_S = 40e-6
 on and posting the semaphores, writing and reading the message headers, the tick's bookkeeping
 and, at the last stage (which the caller runs), the caller's own work per sample. Charged to every
 stage of a pipeline of two or more, not to one stage alone (the model run as it is). A module
-constant, read when a cut is planned. How it was measured: docs/measured-and-not-kept.md."""
+constant, read when a cut is planned. How it was measured: experiments/measured-and-not-kept.md."""
 
 HOP_REPEATS = 5
 """How many timed copies of each boundary ``HopMeter`` takes the median of (after one untimed)."""

@@ -10,7 +10,7 @@ A pipeline that learns also weighs *which* layers sit in the early stages: stage
 applies gradients ``2(D - 1 - i)`` samples old, so among the cuts whose slowest stage is within
 ``DELAY_SLACK`` of the fastest, the one that minimises the delay-weighted number of weights
 (``sum over layers of params × delay of its stage``) is taken first: a few percent of throughput
-for what delay would cost the weights that carry the learning (docs/fidelity.md measures it).
+for what delay would cost the weights that carry the learning (docs/results/fidelity.md measures it).
 The weight count is a proxy for how much a layer has to learn, and one that needs no data.
 """
 
