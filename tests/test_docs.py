@@ -64,6 +64,7 @@ def site(tmp_path_factory):
 def test_the_site_builds_strictly(site):
     assert (site / "index.html").exists()
     assert (site / "guides" / "tick" / "index.html").exists()
+    assert list((site / "assets" / "stylesheets").glob("main.*.min.css"))  # the theme, not excluded with docs/
 
 
 def test_the_site_shows_the_installed_version(site):
