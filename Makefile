@@ -18,8 +18,8 @@ demo: $(STAMP)
 	$(BIN)/partime demo
 
 check: $(STAMP)
-	$(BIN)/ruff check src tests examples experiments benchmarks
-	$(BIN)/ruff format --check src tests examples experiments benchmarks
+	$(BIN)/ruff check src tests examples experiments benchmarks mkdocs_hooks.py
+	$(BIN)/ruff format --check src tests examples experiments benchmarks mkdocs_hooks.py
 	$(BIN)/mypy
 
 test: check
@@ -32,4 +32,4 @@ docs: $(STAMP)
 	$(BIN)/mkdocs build --strict --site-dir site
 
 clean:
-	rm -rf $(VENV) build src/*.egg-info
+	rm -rf $(VENV) build dist site src/*.egg-info

@@ -58,6 +58,12 @@ SOURCES = {
         "inference": "`partime bench --sizes --infer` (2026-12-02), `experiments/speed/sweep-inference.json`",
         "learning": "`partime bench --sizes --learn --optimizer sgd,adam` (2026-12-03), `experiments/speed/learning.json`",
         "torch": "`benchmarks/torch_pipelining.py` (2026-12-02), `experiments/speed/torch_pipelining.json`",
+        "floor": (
+            "`partime bench --sizes 12,24,48 --learn --optimizer sgd,adam --rounds 3` and "
+            "`partime bench --sizes 12,24,48,96 --infer --rounds 3` (2026-12-04, a day the VM ran about twice "
+            "as slow as on the days above and wandered by ±20–30 % between rounds), "
+            "`experiments/speed/learning-floor.json` and `experiments/speed/inference-floor.json`"
+        ),
     },
     "fidelity": "`partime fidelity --own-step --depths 2` (with SGD, and with momentum and Adam) and "
     "`partime fidelity --own-step --depths 4` (2026-12-02; the exact commands are in "
@@ -100,6 +106,24 @@ def over_bound(rows: list[dict[str, Any]]) -> str:
     return ", ".join(f"{ratio:.2f}× at {size} px" for size, ratio in mine)
 
 
+def floor_table(rows: list[dict[str, Any]]) -> str:
+    """Per mode, optimizer and frame size: the bound, the Python floor and ``process D=2``, in ms per
+    sample, with the pipeline's time over each and its speed-up over the plain loop."""
+    lines = [
+        "| run | frames | bound, ms | floor, ms | process D=2, ms | ÷ bound | ÷ floor | × plain loop (1 thread / 2 threads) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    pipelines = [r for r in rows if r["contender"] == "process D=2"]
+    for r in sorted(pipelines, key=lambda r: (r["mode"], r.get("optimizer") or "", r["size"])):
+        run = r["mode"] + (f", {r['optimizer']}" if r.get("optimizer") else "")
+        lines.append(
+            f"| {run} | {r['size']} × {r['size']} | {r['bound_ms']:.2f} | {r['floor_ms']:.2f} | "
+            f"{r['ms_per_sample']:.2f} | {r['ms_over_bound']:.2f} | {r['ms_over_floor']:.2f} | "
+            f"{r['speedup_vs_seq_1thread']:.2f} / {r['speedup_vs_seq_allcores']:.2f} |"
+        )
+    return "\n".join(lines)
+
+
 def speed_page() -> str:
     """The bench's tables: inference and learning by frame size, and torch's pipelining beside them."""
     out = [
@@ -132,6 +156,25 @@ def speed_page() -> str:
                 "",
                 tables.latency_table(mine),
             ]
+    floor_rows = [
+        row
+        for name in ("learning-floor.json", "inference-floor.json")
+        for row in json.loads((SPEED / name).read_text())
+    ]
+    out += [
+        "",
+        "## Against the Python floor",
+        "",
+        (
+            "The **Python floor** (`benchmarks/python_floor.py`) is the simplest Python pipeline that does "
+            "the work of partime's default on the same cut: a process per stage but the last, shared-memory "
+            "rings with semaphores, one forward per sample with its graph kept for the late gradient, the "
+            "optimizer's plain step, no compensation and no checks. The bench times it in the same rounds "
+            f'as every pipeline. Data: {SOURCES["speed"]["floor"]}. Below 1 in "÷ floor": partime is faster.'
+        ),
+        "",
+        floor_table(floor_rows),
+    ]
     torch_rows = json.loads((SPEED / "torch_pipelining.json").read_text())
     out += [
         "",

@@ -94,7 +94,7 @@ AUTOMATIC = {
     "adam": ("step-scale", "optimizer-prediction", "long-momentum"),
 }
 """What ``"auto"`` chooses for each kind of optimizer, from ``partime fidelity``'s measurements
-(README, "Learning with delay"): ``step-scale`` keeps every stream learning at the step size
+(docs/results/fidelity.md, docs/guides/compensation.md): ``step-scale`` keeps every stream learning at the step size
 that suits sequential learning best, and beside it the rest did best with that optimizer."""
 
 
