@@ -122,7 +122,7 @@ def test_a_result_with_no_output_is_counted_not_scored() -> None:
     assert metrics.history()["rolling_accuracy"] == [1.0, 1.0, 1.0, 0.5]  # one entry per result
     assert "unscored=2" in repr(metrics)
 
-    # the README's loop, over every result of a stream that drops and skips samples
+    # the loop the README and the guides show, over every result of a stream that drops and skips samples
     clock = FakeClock()
 
     class Slow(torch.nn.Module):  # each forward takes 0.15 s of the fake clock: a 10 fps source is too fast

@@ -1,10 +1,7 @@
 """partime.video: a generated clip written with write_video comes back from video_frames."""
 
 import gc
-import re
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -163,17 +160,6 @@ def test_write_video_refuses_what_it_cannot_encode(tmp_path):
         write_video(path, [torch.zeros(3, 32, 48)], codec="nonesuch")
     with pytest.raises(ValueError, match="fps must be"):
         write_video(path, [torch.zeros(3, 32, 48)], fps=0)
-
-
-def test_the_readme_example_runs(tmp_path):
-    """The python block of the README's "Video files and cameras", as a user would run it."""
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    section = readme.split("### Video files and cameras\n", 1)[1]
-    script = tmp_path / "video.py"
-    script.write_text(re.search(r"```python\n(.*?)```", section, re.DOTALL).group(1))
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines() == ["torch.Size([3, 64, 64])"] * 30
 
 
 def test_without_pyav_it_says_what_to_install(monkeypatch, tmp_path):

@@ -1,11 +1,11 @@
-"""The README's two-host commands, run as written between two hosts: two Linux network namespaces
+"""The distributed guide's two-host commands, run as written between two hosts: two Linux network namespaces
 joined by a veth pair, each with an address of its own.
 
-Host A runs the README's rank-0 command, host B its rank-1 command (HOST_A being host A's
+Host A runs the guide's rank-0 command, host B its rank-1 command (HOST_A being host A's
 address), each under ``ip netns exec`` with ``GLOO_SOCKET_IFNAME`` set to the host's end of the
 pair. What rank 0 saved is compared with the inline executor on the same stream; and when a rank
 is killed on host B, host A's rank must report it within two seconds, and its torchrun then exit
-with an error. Each namespace has ports of its own, so the README's port 29500 is free whatever
+with an error. Each namespace has ports of its own, so the guide's port 29500 is free whatever
 else runs on this machine.
 
 Needs root and iproute2's ``ip`` (skipped otherwise). Every process started in the hosts is
@@ -33,10 +33,10 @@ from torch import nn
 import partime
 
 ROOT = Path(__file__).resolve().parents[2]
-README = ROOT / "README.md"
+GUIDE = ROOT / "docs" / "guides" / "distributed.md"
 EXAMPLE = ROOT / "examples" / "distributed_stream.py"
 SAMPLES = 60
-STOP_S = 2.0  # the README: a rank that dies stops every rank within two seconds
+STOP_S = 2.0  # the guide: a rank that dies stops every rank within two seconds
 # Then the worker and torchrun exit, each an interpreter that imported torch: about 0.5 s each here
 # when idle, more when the machine is busy; the bound test_distributed puts on the ranks' exits.
 EXIT_S = 5.0
@@ -110,14 +110,14 @@ def hosts():
 
 
 def readme_commands(host_a: str) -> list[list[str]]:
-    """The README's two-host commands, host A's (rank 0) first, with HOST_A set to ``host_a``."""
-    found = re.findall(r"^host ([AB])\$ (torchrun .*)$", README.read_text(), re.MULTILINE)
+    """The distributed guide's two-host commands, host A's (rank 0) first, with HOST_A set to ``host_a``."""
+    found = re.findall(r"^host ([AB])\$ (torchrun .*)$", GUIDE.read_text(), re.MULTILINE)
     assert [host for host, _ in found] == ["A", "B"], found
     return [[arg.replace("HOST_A", host_a) for arg in shlex.split(command)] for _, command in found]
 
 
 def start(hosts: tuple[Host, Host], out: Path, *options: str) -> tuple[list[subprocess.Popen], list[Path]]:
-    """Run the README's command in each host, with ``options`` for the example; their logs."""
+    """Run the guide's command in each host, with ``options`` for the example; their logs."""
     procs, logs = [], []
     for host, command in zip(hosts, readme_commands(hosts[0].address), strict=True):
         env = dict(

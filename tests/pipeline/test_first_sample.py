@@ -1,4 +1,4 @@
-"""What the pipeline runs of a model for itself, as the Pipeline docstring and the README say: at
+"""What the pipeline runs of a model for itself, as the Pipeline docstring and the tick guide say: at
 the first sample, every stage's forward once more on sample 0 (copies, no gradients, none of the
 caller's random numbers); a traced model's Python that computes no tensor only when it is traced."""
 
