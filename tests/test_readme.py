@@ -81,7 +81,8 @@ def test_every_link_to_a_file_of_the_repository_leads_to_one() -> None:
 # features before they are built, and the copy grows with the feature that implements it.
 SPEC_DIFFERENCES = {
     "Learning: loss and backward": "graph-stash, a fourth grad mode, is the default: one forward per sample "
-    "(docs/guides/learning.md), and as weight-stash in a stage with normalisation layers",
+    "(docs/guides/learning.md), and as weight-stash in a stage with normalisation layers; each stage's lr "
+    "schedule and gradient clipping (its own norm) act on its own steps",
     "Random and stateful layers": "each module keeps its train/eval mode; the caller's draws are its own "
     "while the stages draw in threads of its process",
     "Live sources (`when_behind`)": "a source that raises gets the results of what it gave, then its error",

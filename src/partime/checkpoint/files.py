@@ -49,6 +49,7 @@ from torch import Tensor, nn
 from ..core.boundary_layout import Layout
 from ..core.boundary_values import TensorSpec, ValueSpec, as_tensors, copy_tensors, rebuild
 from ..core.stage import Stage, StageConfig
+from ..core.stage.stage import scheduler_class
 from ..pipeline.state import PipelineState
 from ..result import Result
 from .format import FORMAT, VERSION, CheckpointError, check_contents, check_state
@@ -199,7 +200,8 @@ def check_fits(stages: list[nn.Module], checkpoint: Mapping[str, Any], config: S
     part), one at a time, before anything of the pipeline changes: weights that do not fit, another
     optimizer, an optimizer state of other parameter groups, a loss of other parameters, a kept
     forward that does not run are refused here, never at the next sample with half of the pipeline
-    loaded. The message names the stage and, for the optimizer, both classes.
+    loaded. The message names the stage and, for the optimizer and the lr scheduler, both classes
+    (a checkpoint written with a scheduler does not load where there is none, nor the reverse).
     """
     loss_fn = config.loss_fn
     if isinstance(loss_fn, nn.Module) and any(p.requires_grad for p in loss_fn.parameters()):
@@ -220,6 +222,13 @@ def check_fits(stages: list[nn.Module], checkpoint: Mapping[str, Any], config: S
                     f"this pipeline's with {_optimizer(mine)}; load it into a pipeline made with the optimizer "
                     "factory it was made with (an optimizer's state means nothing to another kind of optimizer)"
                 )
+            schedule, saved_schedule = scheduler_class(stage.lr_scheduler), saved.get("lr_scheduler_class")
+            if saved_schedule != schedule:  # a checkpoint written before schedules has none
+                raise CheckpointError(
+                    f"the checkpoint is of another pipeline: its stage {i} schedules its lr with "
+                    f"{_scheduler(saved_schedule)}, this pipeline's with {_scheduler(schedule)}; load it into a pipeline made with the lr_scheduler "
+                    "factory it was made with (a scheduler's state means nothing to another schedule)"
+                )
             try:
                 stage.load_state_dict(copy_tensors(dict(saved)))
             except Exception as exc:
@@ -231,6 +240,11 @@ def check_fits(stages: list[nn.Module], checkpoint: Mapping[str, Any], config: S
 def _optimizer(name: Any) -> str:
     """An optimizer's class name as a checkpoint keeps it, in a message."""
     return "no optimizer" if name == "NoneType" else repr(name)
+
+
+def _scheduler(name: str | None) -> str:
+    """An lr scheduler's class name as a checkpoint keeps it, in a message."""
+    return "no lr_scheduler" if name is None else repr(name)
 
 
 def load_weights(stages: list[nn.Module], checkpoint: Mapping[str, Any]) -> None:

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from ..core.stage import GRAD_MODES, NONFINITE, LossFn, OptimizerFactory, StageConfig, check_loss_fn
+from ..core.stage.config import SchedulerFactory, check_schedule_and_clipping
 from ..executors import Executor, executor_class
 from ..learning.compensation import check_compensation
 from ..planning.auto_check import confirmed
@@ -62,6 +63,8 @@ def check_arguments(
     loss_fn: LossFn | None,
     optimizer: OptimizerFactory | None,
     grad_mode: str,
+    lr_scheduler: SchedulerFactory | None = None,
+    max_grad_norm: float | None = None,
     threads: int | None,
     nonfinite: str,
     timeout: float | None,
@@ -71,8 +74,9 @@ def check_arguments(
     plain: nn.Module | None = None,
 ) -> Arguments:
     """``Pipeline``'s arguments, checked in the order they are documented: a ValueError (or the
-    error of ``check_balance``, ``executor_class``, ``check_loss_fn``, ``check_devices``) for the
-    first that does not fit. Logs a warning when the stages will share this host's cores.
+    error of ``check_balance``, ``executor_class``, ``check_loss_fn``,
+    ``check_schedule_and_clipping``, ``check_devices``) for the first that does not fit. Logs a
+    warning when the stages will share this host's cores.
 
     ``devices`` is one device (a string or a ``torch.device``) for every stage, or one per stage;
     each must be a device torch knows (a ValueError naming it otherwise) and one this machine has
@@ -100,6 +104,7 @@ def check_arguments(
             "(e.g. optimizer=lambda params: torch.optim.SGD(params, lr=0.01)), inference neither"
         )
     check_loss_fn(loss_fn)
+    check_schedule_and_clipping(optimizer, lr_scheduler, max_grad_norm)
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
         raise ValueError(f"threads must be a whole number of at least 1, got {threads!r}")
     if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0):
@@ -111,7 +116,13 @@ def check_arguments(
         partition = plan(model, AUTO, sample, learning=optimizer is not None, threads=count)
         if partition.depth > 1:  # the planner predicts; the stages' own ticks decide
             config = StageConfig(
-                partition.depth, loss_fn, optimizer, grad_mode, False, check_compensation(compensation)
+                partition.depth,
+                loss_fn,
+                optimizer,
+                grad_mode,
+                False,
+                check_compensation(compensation),
+                max_grad_norm=max_grad_norm,  # a clipped step costs its norm; a schedule costs nothing
             )
             trial = running if cls.has_workers else None
             partition = confirmed(model, partition, sample, config, count, trial, plain=plain)

@@ -27,6 +27,8 @@ from ..checkpoint.files import CheckpointError, layout_from_plain
 from ..core.boundary_values import ValueSpec, copy_tensors, nonfinite
 from ..core.random_turns import TURNS
 from ..core.stage import DEFAULT_GRAD_MODE, LossFn, OptimizerFactory, StageConfig, takes_target
+from ..core.stage.config import SchedulerFactory
+from ..core.stage.learning import check_scheduler_factory
 from ..errors import PipelineClosedError, StageError
 from ..executors import EXECUTORS, Executor
 from ..executors.base import READ_AHEAD
@@ -105,7 +107,22 @@ class Pipeline:
     ``"long-momentum"``, ``"spike"``, ``"lr-scale"``, ``"weight-prediction"`` (see
     ``partime.learning.compensation`` and ``partime.learning.optimizer_state``), or ``()`` for none. Every choice is
     plain online learning at D = 1. Without ``loss_fn`` and ``optimizer`` it infers under
-    ``torch.no_grad()``. ``threads`` is each stage's torch thread count (default: the cores
+    ``torch.no_grad()``.
+
+    ``lr_scheduler`` (learning only) is a factory ``optimizer -> torch.optim.lr_scheduler.LRScheduler``,
+    called once per stage right after its optimizer is made; each stage steps its scheduler right
+    after each step of its optimizer, as a plain loop calls ``scheduler.step()`` after each
+    ``optimizer.step()`` (at D = 1 the pipeline is that loop). Its state is in every checkpoint.
+    ``ReduceLROnPlateau`` is refused with a ValueError when the pipeline is made: its step needs the
+    loss, which only the last stage sees (stage i steps for a sample 2(D − 1 − i) ticks after its
+    loss is known); schedule on the step count instead. ``max_grad_norm`` (learning only, a finite
+    number above 0) clips the gradient each stage steps with to that norm, with
+    ``torch.nn.utils.clip_grad_norm_`` over the stage's own parameters (the loss's too, at the last
+    stage), after delay correction and before any step scale: at D = 1 that is
+    ``clip_grad_norm_(model.parameters(), max_grad_norm)`` in a plain loop. A norm over every stage
+    together is not available: the gradients of one sample reach the stages at different ticks
+    (stage i 2(D − 1 − i) ticks after the last), so no moment holds them all, and waiting for
+    them would stall the pipeline. ``threads`` is each stage's torch thread count (default: the cores
     divided among the stages).
 
     ``nonfinite`` says what becomes of a sample whose input or loss holds NaN or an infinity:
@@ -192,6 +209,8 @@ class Pipeline:
         executor: str = "process",
         loss_fn: LossFn | None = None,
         optimizer: OptimizerFactory | None = None,
+        lr_scheduler: SchedulerFactory | None = None,
+        max_grad_norm: float | None = None,
         grad_mode: str = DEFAULT_GRAD_MODE,
         sample: Any = None,
         threads: int | None = None,
@@ -230,6 +249,8 @@ class Pipeline:
                 loss_fn=loss_fn,
                 optimizer=optimizer,
                 grad_mode=grad_mode,
+                lr_scheduler=lr_scheduler,
+                max_grad_norm=max_grad_norm,
                 threads=threads,
                 nonfinite=nonfinite,
                 timeout=timeout,
@@ -269,10 +290,12 @@ class Pipeline:
                 check_compensation(compensation),
                 nonfinite=nonfinite,
                 random_state=random_state,
+                lr_scheduler=lr_scheduler,
+                max_grad_norm=None if max_grad_norm is None else float(max_grad_norm),
             )
-            check_optimizer_factory(
-                optimizer, self._config.compensation, trainable(layers) + trainable(loss_fn, LOSS_PREFIX)
-            )
+            learnt = trainable(layers) + trainable(loss_fn, LOSS_PREFIX)
+            check_optimizer_factory(optimizer, self._config.compensation, learnt)
+            check_scheduler_factory(lr_scheduler, optimizer, learnt)
             self._sigterm: SigtermGuard | None = SigtermGuard() if self._executor_class.child_processes else None
             self._state = PipelineState(supervised=takes_target(loss_fn) if loss_fn is not None else False)
             self._partition: Partition | None = args.partition

@@ -3,13 +3,15 @@
 ``StageConfig`` is what every stage of one pipeline shares; ``GRAD_MODES`` and ``NONFINITE``
 are the values its ``grad_mode`` and ``nonfinite`` may take, ``DEFAULT_GRAD_MODE`` the grad mode
 of a pipeline that chooses none. ``check_loss_fn`` and
-``takes_target`` judge a loss function before any sample runs. All are re-exported by
-``partime.core.stage``.
+``takes_target`` judge a loss function before any sample runs; ``check_schedule_and_clipping``
+judges ``lr_scheduler`` and ``max_grad_norm``. All are re-exported by ``partime.core.stage``.
 """
 
 from __future__ import annotations
 
 import inspect
+import math
+import numbers
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -23,8 +25,10 @@ GRAD_MODES = ("partime", "stash", "weight-stash", "graph-stash")
 DEFAULT_GRAD_MODE = "graph-stash"
 """What a pipeline learns with when no grad mode is chosen: one forward per sample, no weight copy."""
 NONFINITE = ("raise", "skip")
+SCHEDULER_EXAMPLE = "lambda opt: torch.optim.lr_scheduler.StepLR(opt, step_size=100, gamma=0.5)"
 
 OptimizerFactory = Callable[[Any], torch.optim.Optimizer]
+SchedulerFactory = Callable[[torch.optim.Optimizer], torch.optim.lr_scheduler.LRScheduler]
 LossFn = Callable[..., Tensor]
 
 
@@ -40,6 +44,8 @@ class StageConfig:
     compensation: tuple[str, ...] = ()
     nonfinite: str = "raise"  # a non-finite loss: "raise", or "skip" (no gradient, no step)
     random_state: Tensor | None = None  # the caller's random state when the pipeline was made
+    lr_scheduler: SchedulerFactory | None = None  # optimizer -> LRScheduler, stepped after each step
+    max_grad_norm: float | None = None  # each stage clips its gradient to this norm before it steps
 
     @property
     def learning(self) -> bool:
@@ -54,6 +60,37 @@ def check_loss_fn(loss_fn: Any) -> None:
         raise TypeError(f"{wanted}, got the class {loss_fn.__name__}; pass an instance: {loss_fn.__name__}()")
     if loss_fn is not None and not callable(loss_fn):
         raise TypeError(f"{wanted}, got {described(loss_fn)}")
+
+
+def check_schedule_and_clipping(optimizer: Any, lr_scheduler: Any, max_grad_norm: Any) -> None:
+    """A ValueError if ``lr_scheduler`` or ``max_grad_norm`` is given without ``optimizer`` (they
+    act on a stage's steps), or ``max_grad_norm`` is not a positive finite number; a TypeError if
+    ``lr_scheduler`` is not callable (an LRScheduler instance, where a factory is meant)."""
+    for name, value in (("lr_scheduler", lr_scheduler), ("max_grad_norm", max_grad_norm)):
+        if value is not None and optimizer is None:
+            raise ValueError(
+                f"{name} was given without optimizer ({name}={described(value)}): it acts on the steps of each "
+                "stage's optimizer, and a pipeline without one does not learn; give loss_fn= and optimizer= "
+                f"too, or leave {name} out"
+            )
+    wanted = "lr_scheduler must be a factory optimizer -> LRScheduler, e.g. " + SCHEDULER_EXAMPLE
+    if isinstance(lr_scheduler, torch.optim.lr_scheduler.LRScheduler):
+        raise TypeError(
+            f"{wanted}; got an instance of {type(lr_scheduler).__name__} (each stage makes its own optimizer, "
+            "and its own scheduler of it)"
+        )
+    if lr_scheduler is not None and (isinstance(lr_scheduler, str) or not callable(lr_scheduler)):
+        raise TypeError(f"{wanted}; got {described(lr_scheduler)}")
+    if max_grad_norm is not None and (
+        isinstance(max_grad_norm, bool)
+        or not isinstance(max_grad_norm, numbers.Real)
+        or not math.isfinite(max_grad_norm)
+        or max_grad_norm <= 0
+    ):
+        raise ValueError(
+            f"max_grad_norm must be a finite number above 0 (the largest norm each stage's gradient is "
+            f"clipped to, e.g. max_grad_norm=1.0), or None not to clip; got {described(max_grad_norm)}"
+        )
 
 
 def takes_target(loss_fn: LossFn) -> bool | None:

@@ -6,8 +6,13 @@ It checks the optimizer: a TypeError if the factory returns anything but a
 ``torch.optim.Optimizer`` or one whose ``step`` needs a closure (LBFGS), a ValueError if it holds
 none of the stage's trainable parameters, an error of the factory's kind naming the stage and its
 parameters with their shapes if the factory fails on them; a warning (on the
-``partime.core.stage`` logger) names those it leaves out.
-``step`` takes one compensated step; ``compensation_state`` and ``load_compensation_state``
+``partime.core.stage`` logger) names those it leaves out. With ``config.lr_scheduler`` it makes
+the stage's scheduler of that optimizer (``make_scheduler``: a TypeError unless the factory
+returns an ``LRScheduler`` of it, a ValueError for ``ReduceLROnPlateau``, whose step needs a loss
+that stages before the last never see); ``check_scheduler_factory`` tries the factory so when the
+pipeline is made, on an optimizer of copies of the model's parameters.
+``step`` takes one compensated step, its gradient clipped to ``config.max_grad_norm`` first and
+the scheduler stepped after; ``compensation_state`` and ``load_compensation_state``
 copy the state of the compensation that a stage checkpoint keeps besides the optimizer's.
 """
 
@@ -20,6 +25,7 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.optim.lr_scheduler import LRScheduler
 
 from ...learning.compensation import (
     DelayCorrection,
@@ -41,7 +47,7 @@ from ...learning.optimizer_state import (
 )
 from ..boundary_values import copy_tensors
 from ..schedule import delay
-from .config import OptimizerFactory, StageConfig
+from .config import SCHEDULER_EXAMPLE, OptimizerFactory, SchedulerFactory, StageConfig
 
 # The stage's logger, not this module's: the warning is about a stage, and is filtered as one.
 log = logging.getLogger("partime.core.stage")
@@ -60,6 +66,8 @@ class Learning:
     whether a step is scaled by scaling its gradients (an optimizer whose step is ``lr`` times the
     gradient: ``steps_along_the_gradient``), else by keeping the weights before it in ``before``.
     ``anchors``: with delay correction, the weights each sample in flight went forward with.
+    ``scheduler``: the lr scheduler of ``optimizer``, stepped after each of its steps (None: none);
+    ``max_grad_norm``: the norm each step's gradient is clipped to first (None: not clipped).
     """
 
     optimizer: torch.optim.Optimizer | None = None
@@ -73,6 +81,19 @@ class Learning:
     own: int = 0
     scales_gradients: bool = False
     anchors: dict[int, list[Tensor]] = field(default_factory=dict)
+    scheduler: LRScheduler | None = None
+    max_grad_norm: float | None = None
+
+    @property
+    def changes_gradients(self) -> bool:
+        """Whether ``step`` may change the gradients it is given in place (clipping, or a scale
+        applied to the gradient): a gradient that is also another tensor must then be a copy."""
+        return self.max_grad_norm is not None or (self.scales_gradients and self.scale_varies)
+
+    @property
+    def scale_varies(self) -> bool:
+        """Whether some step of the stage's own parameters is scaled by a factor other than 1."""
+        return self.scale != 1.0 or self.step_size is not None
 
     def forward_weights(self, sample: int, stash: Callable[[], list[Tensor]] | None) -> list[Tensor]:
         """The weights the forward of ``sample`` runs with (leaves; empty: the module's own): the
@@ -141,7 +162,22 @@ def make_learning(
     # a step that is lr times the gradient is scaled with its gradient: no copy of the weights
     along = scaled and steps_along_the_gradient(optimizer)
     before = tuple(torch.empty_like(p, requires_grad=False) for p in params) if scaled and not along else ()
-    return Learning(optimizer, step_size, predictor, corrector, spike, scale, given_lrs, before, len(params), along)
+    schedule = config.lr_scheduler
+    scheduler = None if schedule is None else make_scheduler(f"stage {index}", schedule, optimizer)
+    return Learning(
+        optimizer,
+        step_size,
+        predictor,
+        corrector,
+        spike,
+        scale,
+        given_lrs,
+        before,
+        len(params),
+        along,
+        scheduler=scheduler,
+        max_grad_norm=config.max_grad_norm,
+    )
 
 
 def _make_optimizer(
@@ -172,17 +208,73 @@ def _make_optimizer(
     return optimizer
 
 
+def make_scheduler(where: str, factory: SchedulerFactory, optimizer: torch.optim.Optimizer) -> LRScheduler:
+    """``factory(optimizer)``, checked: a TypeError unless it is an ``LRScheduler`` of ``optimizer``,
+    a ValueError for a ``ReduceLROnPlateau``; an error of the factory's kind (a RuntimeError for
+    kinds other than TypeError and ValueError) chained to it if the call fails. ``where`` begins
+    each message (the stage, or the trial when the pipeline is made)."""
+    source = f"{where}: the lr_scheduler factory, called on its {type(optimizer).__name__},"
+    try:
+        scheduler = factory(optimizer)
+    except Exception as exc:
+        kind = type(exc) if type(exc) in (TypeError, ValueError) else RuntimeError
+        raise kind(
+            f"{source} failed: {type(exc).__name__}: {exc}; each stage calls it with its own optimizer, "
+            f"as a plain loop calls it with its one, e.g. {SCHEDULER_EXAMPLE}"
+        ) from exc
+    if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+        # a scheduler of the right type, whose use a pipeline cannot give it: a value error
+        raise ValueError(  # noqa: TRY004
+            f"{source} made ReduceLROnPlateau, whose step needs the loss: in a pipeline only the last "
+            "stage sees the loss, and stage i steps for a sample 2(D - 1 - i) ticks after it; use a "
+            "schedule of the step count (StepLR, CosineAnnealingLR, LambdaLR, OneCycleLR, ...), each "
+            "stepped once per step of its stage"
+        )
+    if not isinstance(scheduler, LRScheduler):
+        raise TypeError(
+            f"{source} returned {'None' if scheduler is None else type(scheduler).__name__}, not a "
+            "torch.optim.lr_scheduler.LRScheduler; "
+            f"return a scheduler of the optimizer it is given, e.g. {SCHEDULER_EXAMPLE}"
+        )
+    if scheduler.optimizer is not optimizer:
+        raise TypeError(
+            f"{source} returned a {type(scheduler).__name__} of another optimizer: it would set the lr "
+            f"of an optimizer that never steps; make it of the optimizer it is given, e.g. {SCHEDULER_EXAMPLE}"
+        )
+    return scheduler
+
+
+def check_scheduler_factory(
+    factory: SchedulerFactory | None, optimizer: OptimizerFactory | None, named: Sequence[tuple[str, Tensor]]
+) -> None:
+    """That ``factory`` (None: no schedule) makes a scheduler that ``make_scheduler`` accepts, of
+    ``optimizer``'s optimizer (a factory that ``check_optimizer_factory`` passed) of copies of the
+    model's trainable parameters ``named``; its errors. With no trainable parameter nothing is called."""
+    if factory is None or optimizer is None or not named:
+        return
+    # Copies, so that nothing either factory does (an lr set, a hook) reaches the model.
+    copies = [nn.Parameter(p.detach().clone()) for _, p in named]
+    make_scheduler("the pipeline's trial", factory, optimizer(copies))
+
+
 def step(
     learning: Learning, params: list[nn.Parameter], grads: Sequence[Tensor | None], anchor: list[Tensor] | None
 ) -> None:
     """One step of ``learning.optimizer`` on ``params`` with ``grads`` (None: no gradient),
-    compensated as chosen; ``anchor``: the weights the sample went forward with (delay correction)."""
+    compensated as chosen; ``anchor``: the weights the sample went forward with (delay correction).
+
+    With ``max_grad_norm`` the gradient is clipped to that norm over ``params`` (the stage's own:
+    no moment in a pipeline holds one sample's gradients of every stage) after delay correction
+    corrects it and before the step is scaled: what the optimizer takes is clipped. The
+    scheduler steps after the optimizer, as a plain loop steps it."""
     assert learning.optimizer is not None  # a stage steps only if it learns
     for p, g in zip(params, grads):
         p.grad = g
     if learning.corrector is not None:
         assert anchor is not None
         learning.corrector.correct(anchor)
+    if learning.max_grad_norm is not None:
+        torch.nn.utils.clip_grad_norm_(params, learning.max_grad_norm)
     factor = learning.scale * (1.0 if learning.step_size is None else learning.step_size.next_factor())
     # The step is scaled, not the lr: a schedule may set the lr during the step (a step hook),
     # and neither undoes the other. At factor 1 (no delay) nothing is copied: the plain step.
@@ -207,6 +299,28 @@ def step(
         p.grad = None
     if isinstance(learning.predictor, WeightPredictor):
         learning.predictor.after_step()
+    if learning.scheduler is not None:
+        learning.scheduler.step()
+
+
+def unshared(grads: Sequence[Tensor | None], others: Sequence[Tensor | None]) -> tuple[Tensor | None, ...]:
+    """``grads``, each that shares its memory with one before it or with one of ``others`` copied.
+
+    autograd may give one tensor as the gradient of several (``x + b``, shapes alike: the same
+    tensor for ``x`` and ``b``), where ``loss.backward()`` would have copied it into ``b.grad``;
+    a step that changes its gradients in place (``Learning.changes_gradients``) would change the
+    others with it."""
+    seen = {t.untyped_storage().data_ptr() for t in others if t is not None}
+    kept: list[Tensor | None] = []
+    for g in grads:
+        if g is not None:
+            where = g.untyped_storage().data_ptr()
+            if where in seen:
+                g = g.clone()
+            else:
+                seen.add(where)
+        kept.append(g)
+    return tuple(kept)
 
 
 def compensation_state(learning: Learning) -> dict[str, Any]:

@@ -40,7 +40,7 @@ from ..boundary_values import as_tensors, copy_tensors, is_float
 from ..schedule import delay
 from .config import StageConfig
 from .kept_graph import KeptGraph, normalisation_in
-from .learning import compensation_state, load_compensation_state, make_learning
+from .learning import compensation_state, load_compensation_state, make_learning, unshared
 from .random_stream import RandomStream
 from .record import ForwardRecord, record_from, record_state, to_device, value_of
 from .tensor_slots import TensorSlots
@@ -68,7 +68,10 @@ class Stage:
     A learning stage with trainable parameters makes its optimizer with ``config.optimizer``: a
     TypeError if that returns anything but a ``torch.optim.Optimizer``, a ValueError if the
     optimizer holds none of the stage's trainable parameters; a warning names those it leaves out
-    (they do not learn; a factory may choose to leave some out).
+    (they do not learn; a factory may choose to leave some out). With ``config.lr_scheduler`` it
+    makes its scheduler of that optimizer (``lr_scheduler``), stepped after each step; with
+    ``config.max_grad_norm`` each step's gradient is clipped to that norm over the stage's own
+    parameters (the loss's too, at the last stage).
     """
 
     def __init__(self, index: int, module: nn.Module, config: StageConfig, device: str | torch.device = "cpu"):
@@ -87,6 +90,7 @@ class Stage:
         self._loss_params = [p for _, p in loss_named]
         self._learning = make_learning(index, config, named, loss_named)  # its optimizer and compensation
         self.optimizer = self._learning.optimizer
+        self.lr_scheduler = self._learning.scheduler
         # graph-stash: a delayed stage's forwards keep their graphs across its steps (the last
         # stage's graph serves in the tick it is made, and predicted weights are copies anyway),
         # unless a normalisation layer's saved statistics would not fit the weights now (kept_graph)
@@ -198,8 +202,8 @@ class Stage:
     def state_dict(self) -> dict[str, Any]:
         """Everything of this stage that decides its future ticks, as copies in plain values.
 
-        Its weights and buffers, its optimizer's state, its random stream, the forwards it keeps
-        for a later product (inputs; weights in ``weight-stash`` mode or with weight prediction;
+        Its weights and buffers, its optimizer's state and its lr scheduler's, its random stream,
+        the forwards it keeps for a later product (inputs; weights in ``weight-stash`` mode or with weight prediction;
         the random state each started from; whether a graph of it was still valid, and in
         ``graph-stash`` mode what that graph saved), the layout of its output and the compensation
         state (with delay correction, the weights each sample in flight went forward with).
@@ -211,6 +215,9 @@ class Stage:
             else copy_tensors(self._loss_module.state_dict()),
             "optimizer": None if self.optimizer is None else copy_tensors(self.optimizer.state_dict()),
             "optimizer_class": type(self.optimizer).__name__,
+            # absent from checkpoints written before schedules: they load where there is none
+            "lr_scheduler": None if self.lr_scheduler is None else copy_tensors(self.lr_scheduler.state_dict()),
+            "lr_scheduler_class": scheduler_class(self.lr_scheduler),
             "newest": None if self._newest is None else record_state(self._newest),
             "pending": [record_state(r) for r in self._pending.values()],
             "out_is_tuple": self._out_is_tuple,
@@ -231,12 +238,19 @@ class Stage:
                 f"stage {self.index}: the checkpoint's optimizer is {state['optimizer_class']}, "
                 f"this stage's is {type(self.optimizer).__name__}"
             )
+        if state.get("lr_scheduler_class") != scheduler_class(self.lr_scheduler):
+            raise ValueError(
+                f"stage {self.index}: the checkpoint's lr scheduler is {state.get('lr_scheduler_class')}, "
+                f"this stage's is {scheduler_class(self.lr_scheduler)}"
+            )
         self.module.load_state_dict(state["module"])
         if self._loss_params and state.get("loss_fn") is not None:
             assert self._loss_module is not None  # a stage with loss parameters has a loss module
             self._loss_module.load_state_dict(state["loss_fn"])
         if self.optimizer is not None and state["optimizer"] is not None:
             self.optimizer.load_state_dict(state["optimizer"])
+        if self.lr_scheduler is not None:
+            self.lr_scheduler.load_state_dict(state["lr_scheduler"])
         load_compensation_state(self._learning, state, self.device)
         if self._random is not None and state.get("random") is not None:
             self._random.state, self._random.draws = state["random"].clone(), None
@@ -368,7 +382,10 @@ class Stage:
             )
         if self.optimizer is not None:
             self.phase = "step"
-            self._learning.step_for(sample, self._params + self._loss_params, found[: len(learnt)])
+            own = found[: len(learnt)]
+            if self._learning.changes_gradients:
+                own = unshared(own, found[len(learnt) :] + (grads or ()))
+            self._learning.step_for(sample, self._params + self._loss_params, own)
             self._drop_stale_graphs()
         if self.index == 0:
             return None
@@ -386,3 +403,8 @@ class Stage:
         for record in self._pending.values():
             if not record.weights and record.saved is None:
                 record.outputs = None
+
+
+def scheduler_class(scheduler: torch.optim.lr_scheduler.LRScheduler | None) -> str | None:
+    """The class name a stage checkpoint keeps of its lr scheduler; None for none."""
+    return None if scheduler is None else type(scheduler).__name__
