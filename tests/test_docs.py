@@ -97,7 +97,7 @@ def test_the_first_example_runs(tmp_path):
 
 
 def test_the_tick_guide_runs(tmp_path):
-    assert run_page(DOCS / "guides" / "tick.md", tmp_path) == ["None 0 [1]"]
+    assert run_page(DOCS / "guides" / "tick.md", tmp_path) == ["None 0 [1]", "[0, 1]", "2 16 True"]
 
 
 def test_the_learning_guide_runs(tmp_path):

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
 import torch
 
 from partime.metrics import OnlineMetrics
+
+NAMES = ["count", "rolling_accuracy", "rolling_loss", "rolling_mae", "rolling_mse"]
 
 
 def logits(*classes: int, num_classes: int = 3) -> torch.Tensor:
@@ -22,7 +25,9 @@ def test_empty_scores_are_nan() -> None:
     assert metrics.count == 0 and metrics.rows == 0
     for value in (metrics.accuracy, metrics.rolling_accuracy, metrics.loss, metrics.rolling_loss):
         assert math.isnan(value)
-    assert metrics.history() == {"rolling_accuracy": [], "rolling_loss": []}
+    for value in (metrics.mae, metrics.mse, metrics.rolling_mae, metrics.rolling_mse):
+        assert math.isnan(value)
+    assert metrics.history() == {name: [] for name in NAMES}
 
 
 def test_accuracy_one_row_per_update_window_two() -> None:
@@ -72,7 +77,13 @@ def test_target_and_loss_together() -> None:
     metrics.update(logits(0), torch.tensor([1]), loss=0.75)
     assert (metrics.accuracy, metrics.rolling_accuracy) == (0.5, 0.0)
     assert (metrics.loss, metrics.rolling_loss) == (0.5, 0.75)
-    assert metrics.history() == {"rolling_accuracy": [1.0, 0.0], "rolling_loss": [0.25, 0.75]}
+    history = metrics.history()
+    assert (history["count"], history["rolling_accuracy"], history["rolling_loss"]) == (
+        [1, 2],
+        [1.0, 0.0],
+        [0.25, 0.75],
+    )
+    assert all(math.isnan(v) for v in history["rolling_mae"] + history["rolling_mse"])  # no regression target
 
 
 def test_output_with_grad_is_scored_without_it() -> None:
@@ -103,7 +114,9 @@ def test_errors_name_the_values() -> None:
     metrics = OnlineMetrics()
     with pytest.raises(ValueError, match="neither"):
         metrics.update(logits(0))
-    with pytest.raises(ValueError, match=r"output \(2, 3\), target \(3,\) \(expected \(2,\)\)"):
+    with pytest.raises(ValueError, match="history_size must be a whole number of at least 2.*got 1"):
+        OnlineMetrics(history_size=1)
+    with pytest.raises(ValueError, match=r"output \(2, 3\) float32, target \(3,\) int64; class indices .* \(2,\), "):
         metrics.update(logits(0, 1), torch.tensor([0, 1, 2]))
     assert metrics.count == 0
 
@@ -151,3 +164,116 @@ def test_update_with_an_output_and_nothing_to_score_it_by_still_raises() -> None
     with pytest.raises(ValueError, match="got an output but neither"):
         metrics.update(logits(0))
     assert metrics.count == 0
+
+
+def test_regression_errors_whole_and_rolling() -> None:
+    metrics = OnlineMetrics(window=2)
+    # absolute errors per update: [1, 0], [2, 2], [0.5, 0.5]; squared: [1, 0], [4, 4], [0.25, 0.25]
+    metrics.update(torch.tensor([1.0, 2.0]), torch.tensor([0.0, 2.0]))
+    metrics.update(torch.tensor([0.0, 0.0]), torch.tensor([2.0, -2.0]))
+    metrics.update(torch.tensor([3.0, 3.5]), torch.tensor([3.5, 3.0]))
+    assert (metrics.count, metrics.elements, metrics.rows) == (3, 6, 0)
+    assert metrics.mae == 6 / 6 and metrics.mse == 9.5 / 6
+    assert metrics.rolling_mae == 5 / 4 and metrics.rolling_mse == 8.5 / 4  # the last two updates
+    history = metrics.history()
+    assert history["count"] == [1, 2, 3]
+    assert history["rolling_mae"] == [0.5, 5 / 4, 5 / 4]
+    assert history["rolling_mse"] == [0.5, 9 / 4, 8.5 / 4]
+    assert all(math.isnan(v) for v in history["rolling_accuracy"] + history["rolling_loss"])
+    assert math.isnan(metrics.accuracy)
+
+
+def test_regression_over_batches_weighs_elements_with_a_loss() -> None:
+    metrics = OnlineMetrics(window=1)
+    # a batch [2, 3] with one error of 3 among 6 elements, then a single row [1, 3] with errors 1 1 1
+    output = torch.zeros(2, 3)
+    target = torch.zeros(2, 3)
+    target[1, 2] = -3.0
+    metrics.update(output, target, loss=1.5)
+    metrics.update(torch.ones(1, 3, dtype=torch.float64), torch.zeros(1, 3, dtype=torch.float64), loss=0.5)
+    assert metrics.elements == 9
+    assert metrics.mae == pytest.approx(6 / 9) and metrics.mse == pytest.approx(12 / 9)
+    assert (metrics.rolling_mae, metrics.rolling_mse) == (1.0, 1.0)
+    assert (metrics.loss, metrics.rolling_loss) == (1.0, 0.5)
+    assert "mae=0.6667, mse=1.333" in repr(metrics)
+
+
+def test_regression_of_a_half_precision_output_and_an_output_with_grad() -> None:
+    metrics = OnlineMetrics()
+    weight = torch.tensor([2.0], requires_grad=True)
+    metrics.update(weight * 1.5, torch.tensor([1.0]))
+    metrics.update(torch.tensor([0.5], dtype=torch.float16), torch.tensor([0.25]))
+    assert (metrics.mae, metrics.mse) == ((2.0 + 0.25) / 2, (4.0 + 0.0625) / 2)
+
+
+def test_regression_with_dropped_results_mixed_in() -> None:
+    metrics = OnlineMetrics(window=2)
+    metrics.update(torch.tensor([1.0]), torch.tensor([0.0]), loss=1.0)  # error 1
+    metrics.update(None, None)  # dropped
+    metrics.update(None, torch.tensor([5.0]))  # skipped, with its target: nothing scored
+    metrics.update(torch.tensor([2.0]), torch.tensor([5.0]), loss=9.0)  # error 3
+    metrics.update(torch.tensor([0.0]), torch.tensor([-2.0]), loss=4.0)  # error 2
+    assert (metrics.count, metrics.unscored, metrics.elements) == (5, 2, 3)
+    assert (metrics.mae, metrics.mse) == (2.0, 14 / 3)
+    assert (metrics.rolling_mae, metrics.rolling_mse) == (2.5, 6.5)  # the last two regression updates
+    history = metrics.history()
+    assert history["count"] == [1, 2, 3, 4, 5]
+    assert history["rolling_mae"] == [1.0, 1.0, 1.0, 2.0, 2.5]
+    assert history["rolling_loss"] == [1.0, 1.0, 1.0, 5.0, 6.5]
+
+
+def test_a_target_of_neither_kind_is_refused_with_both_shapes_and_dtypes() -> None:
+    metrics = OnlineMetrics()
+    # an integer target of the output's own shape (one-hot labels): not a regression target
+    with pytest.raises(ValueError, match=r"output \(2, 3\) float32, target \(2, 3\) int64"):
+        metrics.update(torch.zeros(2, 3), torch.zeros(2, 3, dtype=torch.int64))
+    # a floating target without the output's last dimension: an output [batch, 1] against values [batch]
+    with pytest.raises(
+        ValueError,
+        match=r"output \(4, 1\) float32, target \(4,\) float32.*regression values "
+        r"have the output's shape, \(4, 1\), and a floating dtype",
+    ):
+        metrics.update(torch.zeros(4, 1), torch.zeros(4))
+    with pytest.raises(ValueError, match=r"target \(3,\) float64"):
+        metrics.update(torch.zeros(2), torch.zeros(3, dtype=torch.float64))
+    assert (metrics.count, metrics.elements, metrics.rows) == (0, 0, 0)
+    assert metrics.history()["count"] == []
+
+
+def test_history_thins_by_two_when_full() -> None:
+    metrics = OnlineMetrics(window=1, history_size=4)
+    for k in range(1, 11):
+        metrics.update(None, loss=float(k))
+        counts = metrics.history()["count"]
+        assert len(counts) <= 4 and counts[0] == 1 and counts[-1] == k
+    # after 10 updates: points at 1, 5, 9 (every fourth) and the latest, 10
+    assert metrics.history() == {
+        "count": [1, 5, 9, 10],
+        "rolling_accuracy": pytest.approx([math.nan] * 4, nan_ok=True),
+        "rolling_loss": [1.0, 5.0, 9.0, 10.0],
+        "rolling_mae": pytest.approx([math.nan] * 4, nan_ok=True),
+        "rolling_mse": pytest.approx([math.nan] * 4, nan_ok=True),
+    }
+    # the counts as they grow: every update while there is room, then every second, then every fourth
+    steps = OnlineMetrics(history_size=4)
+    seen = []
+    for _ in range(7):
+        steps.update(None, loss=0.0)
+        seen.append(steps.history()["count"])
+    assert seen == [[1], [1, 2], [1, 2, 3], [1, 3, 4], [1, 3, 5], [1, 3, 5, 6], [1, 5, 7]]
+
+
+def test_history_stays_bounded_over_a_long_stream() -> None:
+    metrics = OnlineMetrics(window=3, history_size=100)
+    rolling = []  # the rolling loss after every update, as the properties give it
+    for k in range(100_000):
+        metrics.update(None, loss=float(k % 7))
+        rolling.append(metrics.rolling_loss)
+    history = metrics.history()
+    counts = history["count"]
+    assert 50 <= len(counts) <= 100
+    assert counts[0] == 1 and counts[-1] == 100_000
+    steps = {b - a for a, b in itertools.pairwise(counts[:-1])}  # the last is the latest update
+    assert len(steps) == 1 and steps.pop() * len(counts) >= 100_000 / 2  # evenly spaced, over the whole stream
+    assert history["rolling_loss"] == [rolling[int(c) - 1] for c in counts]
+    assert len(metrics.history()["count"]) == len(counts)  # reading it records nothing

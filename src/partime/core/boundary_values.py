@@ -138,10 +138,26 @@ def check_like(value: object, expected: ValueSpec, what: str) -> None:
             return
     got = spec_of(value, what)
     if got != expected:
+        hint = ""
+        if _only_batch_differs(got, expected):
+            hint = (
+                "; only the first (batch) dimension differs, as in the short last batch of a "
+                "torch.utils.data.DataLoader: pass DataLoader(..., drop_last=True), or stream batches of one size"
+            )
         raise ValueError(
             f"{what} is {got}, but the first one was {expected}: every value at this point "
-            "of a stream must have the shape and dtype of the first"
+            f"of a stream must have the shape and dtype of the first{hint}"
         )
+
+
+def _only_batch_differs(got: ValueSpec, expected: ValueSpec) -> bool:
+    """Whether ``got`` is ``expected`` but for the first dimension of some of its tensors."""
+    if got.is_tuple != expected.is_tuple or len(got.tensors) != len(expected.tensors):
+        return False
+    return all(
+        g.dtype == e.dtype and len(g.shape) == len(e.shape) >= 1 and g.shape[1:] == e.shape[1:]
+        for g, e in zip(got.tensors, expected.tensors)
+    )
 
 
 def nonfinite(value: Tensor | tuple[Tensor, ...]) -> str | None:
