@@ -8,7 +8,7 @@ executor (CUDA streams, torch.distributed ranks) is one new module beside the ot
 The life of an executor::
 
     ex = SomeExecutor(stages, devices, config, threads, timeout)
-    ex.start(layout)          # once, when the first sample has fixed every boundary's layout
+    ex.start(layout, warm=inputs)  # once, when a sample has fixed every boundary's layout
     ex.feed(index, x, y)      # offer one sample: the next tick of the current segment
     ex.next_result()          # the next result in sample order (blocks until it is out)
     ex.end()                  # no more samples in this segment: run the ticks that remain
@@ -129,11 +129,18 @@ class Executor(ABC):
         self.depth = len(stages)
 
     @abstractmethod
-    def start(self, layout: Layout, state: dict[str, Any] | None = None) -> None:
+    def start(self, layout: Layout, state: dict[str, Any] | None = None, warm: Sequence[Any] | None = None) -> None:
         """Get ready to run; called once, before the first ``feed``.
 
         An executor with ``checkpoints`` may be given a ``state``: then it resumes from it (see the
         module docstring). Others are never given one.
+
+        ``warm`` is what each stage took in when the layout was learnt (the first stage the sample,
+        each other the output of the one before): a stage in a process of its own runs its
+        forward on it, on a copy and without gradients, before it reports ready, so that its first
+        tick takes no longer than the others (its kernels chosen, its memory mapped). Stages in
+        the caller's process need none: the layout's forward ran there. None when the layout came
+        from a checkpoint.
         """
 
     def state_dict(self) -> dict[str, Any]:

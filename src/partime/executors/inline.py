@@ -21,7 +21,7 @@ only orders them and carries their messages (a sample skipped under ``nonfinite=
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -45,7 +45,7 @@ class InlineExecutor(Executor):
     _grads: list[Passed | None]  # into stage i, from stage i + 1
     _targets: dict[int, Any]
 
-    def start(self, layout: Layout, state: dict[str, Any] | None = None) -> None:
+    def start(self, layout: Layout, state: dict[str, Any] | None = None, warm: Sequence[Any] | None = None) -> None:
         # the stages compute at their own thread count, as they would in workers: to the bit alike
         self._threads_before = torch.get_num_threads()
         if self.threads is not None:

@@ -9,6 +9,7 @@ leaves the running of the stages to its executor.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import itertools
 import logging
@@ -24,7 +25,8 @@ from torch.utils._pytree import tree_leaves
 
 from ..checkpoint import files as checkpoint
 from ..checkpoint.files import CheckpointError, layout_from_plain
-from ..core.boundary_values import ValueSpec, copy_tensors, nonfinite
+from ..core.boundary_layout import Layout
+from ..core.boundary_values import ValueSpec, copy_tensors, nonfinite, spec_of
 from ..core.random_turns import TURNS
 from ..core.stage import DEFAULT_GRAD_MODE, LossFn, OptimizerFactory, StageConfig, takes_target
 from ..core.stage.config import SchedulerFactory
@@ -145,17 +147,23 @@ class Pipeline:
 
     Besides one forward of each sample (and the forward again that ``grad_mode="stash"`` runs for a
     late gradient), partime runs the model for itself, on copies, from a copy of the random state:
-    at the first sample, every stage's forward once on it, under ``torch.no_grad()``, to learn what
-    crosses each boundary (``partime.pipeline.sample_reading.layout_of``); with ``balance=D``, each
+    when the stages start (at the first sample, or before it: ``start``), every stage's forward once
+    on that sample, under ``torch.no_grad()``, to learn what crosses each boundary
+    (``partime.pipeline.sample_reading.layout_of``), and in each stage process its stage's forward
+    once more, to warm it (``partime.executors.process.worker.warm_up``); with ``balance=D``, each
     layer a few times on ``sample`` (or the first sample) to time it, forward and, when learning,
     backward; with ``balance="auto"``, that for each depth's thread count, then, where a pipeline is
     predicted faster, its stages' ticks or a trial pipeline of its cut, and the model itself, for a
     few seconds (``partime.planning.auto_check``). None of it draws from the caller's random stream
     or changes the pipeline's weights and buffers, but a forward with a side effect outside the
     model (a counter, a print) sees it: with a list balance, N + 1 calls for N samples, the first on
-    sample 0 without gradients. A traced model runs its graph, not its forward: Python in its ``forward``
-    that computes no tensor runs when it is traced (and once more on ``sample=``, which checks the
-    graph against the forward), never per sample.
+    sample 0 (or ``sample=``) without gradients. A traced model runs its graph, not its forward:
+    Python in its ``forward`` that computes no tensor runs when it is traced (and once more on
+    ``sample=``, which checks the graph against the forward), never per sample.
+
+    With ``sample=`` (and a loss that takes no target), ``with`` starts the stages, warm, before the
+    first sample (``start``): a live source loses nothing to the pipeline's start, and what is
+    computed is what a pipeline started at its first sample computes, to the bit.
 
     ``devices`` puts the stages on devices: None (every stage on the CPU), one device (a string
     such as ``"cuda:0"`` or a ``torch.device``) for every stage, or a list of one per stage. A
@@ -301,6 +309,8 @@ class Pipeline:
             self._partition: Partition | None = args.partition
             if self._partition is None and (not isinstance(balance, int) or sample is not None):
                 self._partition = self._plan(sample)
+            # what ``start`` (and ``with``) starts the stages from: the pipeline's own copy of sample= and its target
+            self._first: tuple[Any, Any] | None = None if sample is None else (copy_tensors(sample), None)
             self._failure: str | None = None
             self._skips = SkipWatch()
             self._clock: Clock = MONOTONIC  # what results are timed on: the clock of the source streamed last
@@ -321,6 +331,53 @@ class Pipeline:
         if self._rank > 0:  # serve this rank's stage until rank 0 closes the pipeline
             self._guard(self._executor_class.serve, self._rank, self._model, self._config, self._threads)
         return self
+
+    @on_rank_0()
+    def start(self, sample: Any = None, y: Any = None) -> None:
+        """Start the stages now, warm, so that the first sample finds them ready: a live source then
+        loses nothing to the pipeline's start.
+
+        What the first sample would start is done here: the workers are spawned and their stages
+        built, the links between them made, and every boundary's layout learnt from ``sample``
+        (default: the constructor's ``sample=``; for a loss that takes a target, with a target
+        ``y`` like the samples'). The layout is learnt as at the first sample (one forward of a
+        copy of every stage on it, without gradients, from a copy of the random state), and each
+        stage in a process of its own (the process executor's) runs its forward once on a copy, on
+        what it took in there, before it reports ready, so that its first tick is no slower than
+        the others. None of it changes the weights, buffers or random streams of the stages, nor
+        the caller's random state: every result, loss and weight is, to the bit, what the pipeline
+        started at its first sample gives, and the first sample runs no layout forward of its own.
+        A pipeline loaded from a checkpoint taken after its first sample starts from it (its
+        layout), without a sample and without those forwards.
+
+        ``with`` starts a pipeline made with ``sample=`` (unless its loss takes a target) or loaded
+        from a checkpoint taken after its first sample; one opened otherwise (``open()``) starts
+        here or at its first sample. A first sample of another layout than the one the stages
+        started from is taken as it would have been: the stages start again from it. A ``load``
+        into a started pipeline starts it again at once, from the checkpoint. A checkpoint of a
+        pipeline started but fed nothing is that of one not started.
+
+        Calling it again does nothing; on a pipeline not open, closed or stopped by an error it
+        raises a ``PipelineClosedError``; without a sample to start from, a ValueError.
+        """
+        self._caller.claim("start()")
+        try:
+            self._check_open()
+            if self._executor is not None:
+                return
+            first = self._first
+            if sample is not None:
+                x = self._traced_forward.flat_sample(sample)
+                self._traced_forward.check_traced_on(x)
+                first = (copy_tensors(x), copy_tensors(y))
+            if self._state.resume is None:
+                why = self._not_startable(first)
+                if why is not None:
+                    raise ValueError(f"start() {why}")
+            self._first = first
+            self._start_ahead()
+        finally:
+            self._caller.release()
 
     def close(self) -> None:
         """Stop and join every worker; the results still inside the pipeline are dropped.
@@ -351,7 +408,12 @@ class Pipeline:
             self.close()
 
     def __enter__(self) -> Self:
-        return self.open()
+        """``open()``, then ``start()`` if the pipeline knows what to start from without a sample
+        of the stream: ``sample=`` (unless its loss takes a target), or a loaded checkpoint."""
+        self.open()
+        if self._rank == 0 and self._startable():
+            self._start_ahead()
+        return self
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
@@ -587,14 +649,14 @@ class Pipeline:
         # every check before the first change: each stage tried on copies, the counters read
         checkpoint.check_fits(modules, state, self._config)
         loaded = checkpoint.from_checkpoint(state)
-        if self._executor is not None:
-            self._executor.close()
-            self._executor = None
-            self._state.layout = None
+        started = self._executor is not None
+        self._stop_executor()
         if self._partition is None or list(self._partition.balance) != balance:
             self._partition = Partition(tuple(balance))
         checkpoint.load_weights(modules, state)
         self._state = loaded
+        if started and self._startable():  # started stages stay started: anew, from the checkpoint
+            self._start_ahead()
 
     @on_rank_0()
     def save(self, path: str | os.PathLike[str]) -> None:
@@ -652,33 +714,84 @@ class Pipeline:
             "are detached already, so scoring them builds no graph"
         )
 
-    def _running(self, x: Any, y: Any) -> Executor:
-        """The executor; started first, from sample ``x`` (and target ``y``) or the loaded
-        checkpoint, if it is not running yet."""
+    def _not_startable(self, first: tuple[Any, Any] | None) -> str | None:
+        """Why the stages cannot start from ``first`` (a sample and its target, or None) before the
+        first sample of the stream; None if they can."""
+        if first is None:
+            return (
+                "needs a sample to learn what crosses each boundary: pass start(sample) (with y= for a loss "
+                "that takes a target), or sample= to the Pipeline"
+            )
+        supervised, has_target = self._state.supervised, first[1] is not None
+        if supervised is True and not has_target:
+            return (
+                "needs a target: this pipeline's loss takes one, and its layout is part of the pipeline's; "
+                "pass start(sample, y) with a target like the samples'"
+            )
+        if supervised is False and has_target:
+            return "was given a target, but this pipeline takes none: pass start(sample) alone"
+        return None
+
+    def _startable(self) -> bool:
+        """Whether the stages can start before the first sample: from a loaded checkpoint, or from
+        ``sample=`` (or ``start()``'s sample)."""
+        return self._state.resume is not None or self._not_startable(self._first) is None
+
+    def _start_ahead(self) -> None:
+        """Start the executor before the first sample (``start``): from the loaded checkpoint, or
+        from ``_first``; it has run no tick until the first sample goes in (``PipelineState.ahead``)."""
+        state = self._state
+        if state.resume is not None:
+            self._running(None, None)
+            return
+        assert self._first is not None, "_startable() said so"
+        x, y = self._first
+        self._running(x, None if y is None else spec_of(y, "the target given to start()"))
+        state.ahead = True
+
+    def _stop_executor(self) -> None:
+        """Stop and forget the executor: the next start begins anew (``load_state_dict``, a first
+        sample that does not fit the stages started ahead of it)."""
+        if self._executor is not None:
+            self._executor.close()
+            self._executor = None
+        self._state.layout = None
+        self._state.ahead = False
+
+    def _running(self, x: Any, target: ValueSpec | None) -> Executor:
+        """The executor; started first, from sample ``x`` (and the layout of its ``target``) or the
+        loaded checkpoint, if it is not running yet."""
         if self._executor is not None:
             return self._executor
         # Planning and starting draw nothing from the caller's stream; and no other thread (a live
         # source's reader) draws while they run, or its draws would be rolled back with theirs.
         with TURNS.swapping(), torch.random.fork_rng(devices=[]):
-            return self._guard(self._start, x, y)
+            return self._guard(self._start, x, target)
 
-    def _start(self, x: Any, y: Any) -> Executor:
-        """Fix the partition and every boundary's layout from the first sample (or the loaded
-        checkpoint); start the executor."""
+    def _start(self, x: Any, target: ValueSpec | None) -> Executor:
+        """Fix the partition and every boundary's layout from sample ``x`` (the first, or
+        ``start()``'s) or the loaded checkpoint; start the executor."""
         state = self._state
-        self._config.supervised = bool(state.supervised)
+        # a loss whose signature does not say: the first sample decides, or start()'s (a sample that
+        # decides otherwise starts the stages again: _feed)
+        self._config.supervised = bool(state.supervised) if state.supervised is not None else target is not None
         if self._partition is None:
             self._partition = self._plan(x)
             log.info("balanced: %s", self._partition)
         stages = split(self._model, self._partition.balance)
-        resume, state.resume = state.resume, None
-        layout = layout_of(stages, x, state.y_spec) if resume is None else layout_from_plain(resume["layout"])
+        # a loaded checkpoint stays the pipeline's until a tick has run from it (``PipelineState.ran``)
+        resume = state.resume
+        inputs: list[Any] | None = None  # what each stage took in: the stage processes warm up on it
+        if resume is None:
+            layout, inputs = layout_of(stages, x, target)
+        else:
+            layout = layout_from_plain(resume["layout"])
         state.layout = layout
         self._executor = executor = self._executor_class(
             stages, self._devices, self._config, self._threads, self._timeout
         )
         if resume is None:
-            self._guard(executor.start, layout)
+            self._guard(executor.start, layout, warm=inputs)
         else:
             self._guard(executor.start, layout, resume)
         return executor
@@ -699,7 +812,11 @@ class Pipeline:
         except (TypeError, ValueError):
             self._state.next_index += 1  # a refused sample uses up its index (see the class docstring)
             raise
-        executor = self._running(x, y)
+        state = self._state
+        if state.ahead and not _started_for(state.layout, x, y):
+            log.info("sample %d does not fit the layout the stages started from: they start again from it", index)
+            self._stop_executor()
+        executor = self._running(x, state.y_spec)
         y = copy_tensors(y)  # the pipeline's own copy: the result's target, held by executors in transit
         # a skipped sample goes in as a hole (None): the stages compute nothing on it
         self._guard(executor.feed, index, None if bad is not None else x, y)
@@ -757,7 +874,7 @@ class Pipeline:
         if self._state.resume is not None:  # loaded and not started yet: that is the state
             resume: dict[str, Any] = copy_tensors(self._state.resume)
             return resume
-        if self._executor is None:
+        if self._executor is None or self._state.ahead:  # stages started ahead have run nothing yet
             if self._partition is None:
                 raise CheckpointError(
                     "no checkpoint before the cut is known: with balance=D the layers are timed on the "
@@ -766,11 +883,12 @@ class Pipeline:
             executor_state = checkpoint.unstarted(
                 split(copy.deepcopy(self._model), self._partition.balance), self._config
             )
-        else:
-            self._guard(self._executor.sync)
-            while len(self._state.held) < self._due():  # out of the pipeline, not handed out yet
-                self._state.held.append(self._guard(self._executor.next_result))
-            executor_state = self._guard(self._executor.state_dict)
+            unstarted = dataclasses.replace(self._state, layout=None)  # as if they had not started
+            return checkpoint.to_checkpoint(unstarted, self._identity(), executor_state)
+        self._guard(self._executor.sync)
+        while len(self._state.held) < self._due():  # out of the pipeline, not handed out yet
+            self._state.held.append(self._guard(self._executor.next_result))
+        executor_state = self._guard(self._executor.state_dict)
         return checkpoint.to_checkpoint(self._state, self._identity(), executor_state)
 
 
@@ -785,6 +903,12 @@ def _running(
     loss_fn = None if options["optimizer"] is None else _zero_loss
     with Pipeline(copy.deepcopy(layers), list(partition.balance), loss_fn=loss_fn, **options) as trial:
         yield trial.stream(itertools.repeat(sample))
+
+
+def _started_for(layout: Layout | None, x: Any, y: Any) -> bool:
+    """Whether stages started with ``layout`` take sample ``x`` with target ``y`` (None: none)."""
+    assert layout is not None, "started stages have a layout"
+    return layout.input == spec_of(x, "sample") and layout.target == (None if y is None else spec_of(y, "target"))
 
 
 def _zero_loss(output: Any) -> torch.Tensor:

@@ -1,8 +1,9 @@
 """What the pipeline reads off the samples it is given.
 
 ``pair`` splits an item of a stream of ``(x, y)`` pairs, or raises a ValueError naming the
-sample; ``layout_of`` learns every boundary's ``Layout`` from the first sample, without changing
-the stages, and raises a ``StageError`` naming the stage whose forward fails on it.
+sample; ``layout_of`` learns every boundary's ``Layout`` from the first sample (and what each stage
+takes in), without changing the stages, and raises a ``StageError`` naming the stage whose forward
+fails on it.
 """
 
 from __future__ import annotations
@@ -29,19 +30,22 @@ def pair(item: Any, index: int) -> tuple[Any, Any]:
     )
 
 
-def layout_of(stages: list[nn.Module], x: Any, target: ValueSpec | None) -> Layout:
+def layout_of(stages: list[nn.Module], x: Any, target: ValueSpec | None) -> tuple[Layout, list[Any]]:
     """Every boundary's layout, from one forward of a copy of the stages on the first sample,
-    without gradients: the stages are left as they were, but a side effect outside them (a
-    counter in a forward) sees that forward, and it draws from the current random stream (the
-    pipeline calls it on a fork of the caller's)."""
+    without gradients, and what each stage took in (stage 0 the sample, each other the output of
+    the one before: what a stage's worker warms up on). The stages are left as they were, but a
+    side effect outside them (a counter in a forward) sees that forward, and it draws from the
+    current random stream (the pipeline calls it on a fork of the caller's)."""
     specs = []
     sample = spec_of(x, "sample 0")
     value = rebuild(sample, as_tensors(x, "sample 0"))  # as stage 0 takes it (contiguous): its outputs' strides follow
+    inputs = []
     with torch.no_grad():
         for i, stage in enumerate(copy.deepcopy(stages)):
+            inputs.append(value)
             try:
                 value = stage(value)
             except Exception as exc:
                 raise stage_error(i, 0, "forward", exc) from exc
             specs.append(spec_of(value, f"output of stage {i}", strides=True))  # handed on in its strides
-    return Layout(sample, tuple(specs[:-1]), specs[-1], target)
+    return Layout(sample, tuple(specs[:-1]), specs[-1], target), inputs

@@ -49,9 +49,13 @@ class PipelineState:
     """The results of samples dropped under ``when_behind="drop"``, not handed out yet: each goes
     out once every sample before it has."""
     resume: dict[str, Any] | None = None
-    """A loaded checkpoint that the executor starts from, at the next sample or flush."""
+    """A loaded checkpoint: the executor starts from it (at ``start()``, the next sample or flush),
+    and until it has run a tick from it, it is the pipeline's checkpoint as it was loaded."""
     layout: Layout | None = None
     """Every boundary's layout, once the executor has started."""
+    ahead: bool = False
+    """Whether the executor started from a sample before any was fed (``Pipeline.start``) and has
+    run no tick since: the pipeline's checkpoint is then that of a pipeline not started."""
 
     def due(self, depth: int) -> int:
         """How many results have left a pipeline of ``depth`` stages and not been handed out."""
@@ -86,6 +90,7 @@ class PipelineState:
         self.offered.append((index, at))
         self.next_index += 1
         self.in_segment += 1
+        self.ran()
 
     def drop(self, at: float) -> None:
         """Note that the next sample, which arrived at ``at``, was dropped: its index is used up, and
@@ -117,3 +122,10 @@ class PipelineState:
     def flushed(self) -> None:
         """Note that every sample of the segment was handed out: the next sample begins a new one."""
         self.in_segment = self.taken = 0
+        self.ran()
+
+    def ran(self) -> None:
+        """Note that the executor has run a tick: the state it holds is the pipeline's now, no
+        loaded checkpoint's and no unstarted pipeline's."""
+        self.resume = None
+        self.ahead = False

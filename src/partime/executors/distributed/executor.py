@@ -101,7 +101,7 @@ class DistributedExecutor(Driver):
             )
         return names
 
-    def start(self, layout: Layout, state: dict[str, Any] | None = None) -> None:
+    def start(self, layout: Layout, state: dict[str, Any] | None = None, warm: Sequence[Any] | None = None) -> None:
         depth, config = self.depth, self.config
         self._run = run = Run(0, depth)
         self._layout = layout

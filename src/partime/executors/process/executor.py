@@ -21,6 +21,10 @@ that it is ready, a failure, or its part of a checkpoint. The module travels by 
 classes defined in ``__main__`` and layers holding lambdas go too) and is unpickled by the worker
 itself, so a model that cannot be rebuilt there is reported with its traceback like any failure.
 
+A worker given what its stage took in when the layout was learnt (``start``'s ``warm``) runs its
+stage's forward on it once, on a copy and without gradients, before it reports ready
+(``worker.warm_up``): the first tick of a fresh process then costs what the others do.
+
 ``start`` returns once every worker is ready; then the names of every semaphore are unlinked
 (``semaphore.SharedSemaphore``), so nothing is left in ``/dev/shm`` whatever happens to the
 processes later, even a SIGKILL of the whole process group.
@@ -50,6 +54,7 @@ import os
 import signal
 import time
 import weakref
+from collections.abc import Sequence
 from types import SimpleNamespace
 from typing import Any
 
@@ -57,6 +62,7 @@ import cloudpickle
 import torch.multiprocessing as mp
 
 from ...checkpoint.files import from_bytes, to_bytes
+from ...core.boundary_values import as_tensors
 from ...errors import StageError, WorkerDiedError
 from ..base import Layout, with_deadline
 from ..caller_ends import Feeder
@@ -87,7 +93,7 @@ class ProcessExecutor(Driver):
     on_this_host = True
     child_processes = True
 
-    def start(self, layout: Layout, state: dict[str, Any] | None = None) -> None:
+    def start(self, layout: Layout, state: dict[str, Any] | None = None, warm: Sequence[Any] | None = None) -> None:
         ctx = mp.get_context("spawn")
         depth, learning = self.depth, self.config.learning
         self._layout = layout
@@ -135,6 +141,7 @@ class ProcessExecutor(Driver):
             module = self.stages[i]
             links = self.stage_links(i, acts, grads)
             resume = None if state is None else to_bytes(stage_resume(state, i))
+            warmed = None if warm is None else to_bytes(as_tensors(warm[i], f"stage {i}'s input"))
             worker = WorkerArgs(
                 ByValue(module),
                 config,
@@ -145,6 +152,7 @@ class ProcessExecutor(Driver):
                 self._asks[i],
                 pipes[i][1],
                 resume,
+                warmed,
             )
             self._procs[i] = ctx.Process(target=work, args=(worker,), name=f"partime-stage-{i}", daemon=True)
         try:

@@ -1,13 +1,15 @@
 """The body of a process executor's worker, and what it is started with.
 
 A worker rebuilds its stage (``spawning.ByValue``), resumes it from its part of a checkpoint if it
-has one, reports that it is ready, and runs ``worker_loop.run_stage`` over its channels until the
+has one, or else warms it up on what it took in when the layout was learnt (``warm_up``), reports
+that it is ready, and runs ``worker_loop.run_stage`` over its channels until the
 caller stops it or is gone. Between two ticks it answers a request for its part of a checkpoint.
 It reports on a pipe of its own to the caller, as ``(kind, payload)``.
 """
 
 from __future__ import annotations
 
+import copy
 import os
 import signal
 import sys
@@ -18,6 +20,7 @@ import cloudpickle
 import torch
 
 from ...checkpoint.files import from_bytes, to_bytes
+from ...core.boundary_values import rebuild
 from ...core.stage import Stage, StageConfig
 from ..in_flight import resume, stage_answer
 from ..malloc import keep_freed_memory
@@ -45,6 +48,16 @@ class WorkerArgs:
     asks: Any  # a semaphore the caller releases to ask for this stage's state, between two ticks
     reports: Any  # the sending end of this worker's pipe to the caller: (kind, payload)
     resume: bytes | None = None  # torch.save of {"stage", "tick", "activation", "gradient"}
+    warm: bytes | None = None  # torch.save of the tensors the stage took in when the layout was learnt
+
+
+def warm_up(module: torch.nn.Module, value: Any) -> None:
+    """One forward of a copy of ``module`` on ``value``, without gradients and from a copy of the
+    process's random state: what a fresh process does once only (its thread pool started, its
+    kernels chosen for these shapes, its memory mapped) is done before the first tick, and
+    ``module``, its buffers and every random stream are as they were."""
+    with torch.no_grad(), torch.random.fork_rng(devices=[]):
+        copy.deepcopy(module)(value)
 
 
 def work(w: WorkerArgs) -> None:
@@ -72,6 +85,8 @@ def work(w: WorkerArgs) -> None:
         if w.resume is not None:
             where.phase = "resume"
             links, tick = resume(stage, links, from_bytes(w.resume))
+        if w.warm is not None:
+            warm_up(stage.module, rebuild(links.layout.into(links.index), tuple(from_bytes(w.warm))))
         w.reports.send((READY, None))
         run_stage(stage, w.links, check, where, sent, first=links, tick=tick)
     except Aborted:

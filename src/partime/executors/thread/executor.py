@@ -37,7 +37,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any, TypeVar
 
@@ -68,7 +68,7 @@ class ThreadExecutor(Driver):
     on_this_host = True
     _turn = Caller(0, 0)  # until ``start``: no stage thread, no turn to hold
 
-    def start(self, layout: Layout, state: dict[str, Any] | None = None) -> None:
+    def start(self, layout: Layout, state: dict[str, Any] | None = None, warm: Sequence[Any] | None = None) -> None:
         depth, learning = self.depth, self.config.learning
         self._layout = layout
         self.begin()
