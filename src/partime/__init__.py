@@ -7,9 +7,9 @@ for inference and for online learning; see SPEC.md for what is computed at every
 import importlib.metadata
 
 from .checkpoint.files import CheckpointError
-from .core.stage.config import GRAD_MODES
+from .core.stage.config import GRAD_MODES, GradMode
 from .errors import PipelineClosedError, StageError, StageTimeoutError, WorkerDiedError
-from .executors import EXECUTORS
+from .executors import EXECUTORS, ExecutorName
 from .pipeline.pipeline import Pipeline
 from .planning.partition import Partition
 from .result import Result
@@ -18,6 +18,8 @@ __all__ = [
     "EXECUTORS",
     "GRAD_MODES",
     "CheckpointError",
+    "ExecutorName",
+    "GradMode",
     "Partition",
     "Pipeline",
     "PipelineClosedError",

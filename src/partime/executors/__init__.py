@@ -11,10 +11,15 @@ imported only when a pipeline chooses its executor. Everything here is internal 
 from __future__ import annotations
 
 from importlib import import_module
+from typing import Literal
 
 from .base import Executor, Layout
 
-REGISTRY = {
+ExecutorName = Literal["inline", "process", "thread", "distributed"]
+"""The name of an executor, for a type checker: what ``Pipeline(executor=...)`` takes, the values
+of ``EXECUTORS``."""
+
+REGISTRY: dict[ExecutorName, str] = {
     "inline": "inline:InlineExecutor",
     "process": "process.executor:ProcessExecutor",
     "thread": "thread.executor:ThreadExecutor",
@@ -23,7 +28,8 @@ REGISTRY = {
 """Each executor's name and where its class is (``module:Class`` in this package); a module is
 imported only when a pipeline chooses its executor."""
 
-EXECUTORS = tuple(REGISTRY)
+EXECUTORS: tuple[ExecutorName, ...] = tuple(REGISTRY)
+"""The executors' names, in the order ``REGISTRY`` lists them."""
 
 
 def executor_class(name: str) -> type[Executor]:
@@ -35,4 +41,4 @@ def executor_class(name: str) -> type[Executor]:
     return found
 
 
-__all__ = ["EXECUTORS", "Executor", "Layout", "executor_class"]
+__all__ = ["EXECUTORS", "Executor", "ExecutorName", "Layout", "executor_class"]

@@ -57,11 +57,24 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
+from typing import Literal
 
 import torch
 from torch import Tensor
 
-COMPENSATIONS = (
+Compensation = Literal[
+    "step-scale",
+    "delay-correction",
+    "optimizer-prediction",
+    "long-momentum",
+    "spike",
+    "lr-scale",
+    "weight-prediction",
+]
+"""One compensation option, for a type checker: the values of ``COMPENSATIONS``."""
+Compensations = Literal["auto"] | Compensation | Sequence[Compensation]
+"""What ``Pipeline(compensation=...)`` takes: ``"auto"``, one option, or a sequence of them (``()`` for none)."""
+COMPENSATIONS: tuple[Compensation, ...] = (
     "step-scale",
     "delay-correction",
     "optimizer-prediction",
@@ -87,7 +100,7 @@ VELOCITY_MOMENTUM = 0.9
 """How much of its previous value the velocity estimate of ``weight-prediction`` keeps per step."""
 
 
-AUTO = "auto"
+AUTO: Literal["auto"] = "auto"
 AUTOMATIC = {
     "sgd": ("step-scale", "delay-correction"),
     "momentum": ("step-scale", "optimizer-prediction", "long-momentum"),

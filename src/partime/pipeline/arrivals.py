@@ -27,14 +27,16 @@ import logging
 import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from ..core.random_turns import TURNS, SourceReads
 from ..sources import MONOTONIC, Clock, Paced
 
 log = logging.getLogger(__name__)
 
-WHEN_BEHIND = ("wait", "drop")
+WhenBehind = Literal["wait", "drop"]
+"""What ``Pipeline.stream(when_behind=...)`` takes, for a type checker: the values of ``WHEN_BEHIND``."""
+WHEN_BEHIND: tuple[WhenBehind, ...] = ("wait", "drop")
 
 JOIN_S = 0.1
 """How long closing a ``Threaded`` reader waits for its thread to finish the item it is reading:

@@ -29,13 +29,13 @@ from ..core.boundary_layout import Layout
 from ..core.boundary_values import ValueSpec, copy_tensors, nonfinite, spec_of
 from ..core.random_turns import TURNS
 from ..core.stage import DEFAULT_GRAD_MODE, LossFn, OptimizerFactory, StageConfig, takes_target
-from ..core.stage.config import SchedulerFactory
+from ..core.stage.config import GradMode, NonfinitePolicy, SchedulerFactory
 from ..core.stage.learning import check_scheduler_factory
 from ..errors import PipelineClosedError, StageError
-from ..executors import EXECUTORS, Executor
+from ..executors import EXECUTORS, Executor, ExecutorName
 from ..executors.base import READ_AHEAD
 from ..executors.distributed.on_rank_0 import on_rank_0
-from ..learning.compensation import check_compensation
+from ..learning.compensation import Compensations, check_compensation
 from ..learning.optimizer_state import LOSS_PREFIX, check_optimizer_factory, trainable
 from ..planning.balance import Balance
 from ..planning.partition import Partition, split
@@ -214,16 +214,16 @@ class Pipeline:
         balance: Balance,
         *,
         devices: Devices = None,
-        executor: str = "process",
+        executor: ExecutorName = "process",
         loss_fn: LossFn | None = None,
         optimizer: OptimizerFactory | None = None,
         lr_scheduler: SchedulerFactory | None = None,
         max_grad_norm: float | None = None,
-        grad_mode: str = DEFAULT_GRAD_MODE,
+        grad_mode: GradMode = DEFAULT_GRAD_MODE,
         sample: Any = None,
         threads: int | None = None,
-        compensation: str | Sequence[str] = "auto",
-        nonfinite: str = "raise",
+        compensation: Compensations = "auto",
+        nonfinite: NonfinitePolicy = "raise",
         timeout: float | None = TIMEOUT_S,
     ):
         # What partime runs for itself here (traces, probes, timing) draws nothing from the caller's
@@ -510,7 +510,7 @@ class Pipeline:
 
     @on_rank_0(lambda: iter(()))
     def stream(
-        self, xs: Iterable[Any], ys: Iterable[Any] | None = None, *, when_behind: str = "wait"
+        self, xs: Iterable[Any], ys: Iterable[Any] | None = None, *, when_behind: arrivals.WhenBehind = "wait"
     ) -> Iterator[Result]:
         """Every sample of ``xs`` (with the targets ``ys``) through the pipeline, then a flush.
 

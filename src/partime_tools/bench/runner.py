@@ -24,12 +24,12 @@ import os
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
 
-from partime import Partition, Pipeline
+from partime import ExecutorName, Partition, Pipeline
 
 from .clocks import cpu_clocks, others_busy
 from .hop import measure_hop
@@ -267,7 +267,9 @@ def time_pipeline(
     # which only copies samples in and results out, leaves the cores to the stages.
     torch.set_num_threads(1)
     try:
-        with Pipeline(model, depth, executor=executor, sample=xs[0], threads=1, **learning) as pipe:
+        # a name from the command line, as typed: the Pipeline refuses an unknown one with a ValueError
+        name = cast(ExecutorName, executor)
+        with Pipeline(model, depth, executor=name, sample=xs[0], threads=1, **learning) as pipe:
             results = pipe.stream(iter(xs), None if ys is None else iter(ys))
             stamps = _stamps(lambda i: next(results), warmup + samples + 1)
             for _ in results:  # drain: the tail, and every gradient applied, before the pipe closes

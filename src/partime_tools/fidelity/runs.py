@@ -40,7 +40,7 @@ from typing import Any, cast
 import torch
 from torch import Tensor, nn
 
-from partime import Pipeline, StageError, streams
+from partime import GradMode, Pipeline, StageError, streams
 from partime.internals import plan
 from partime.metrics import OnlineMetrics
 
@@ -184,6 +184,8 @@ def run(config: Config, frames: int) -> dict[str, Any]:
     late_from = frames - late_frames
     diverged_at = None
     balance = list(config.balance) if config.balance else even_balance(len(model), config.depth)
+    # names from the command line and the configs, as typed: the Pipeline refuses an unknown one
+    compensation: Any = tuple(config.compensation.split("+")) if config.compensation else ()
     with Pipeline(
         model,
         balance,
@@ -191,8 +193,8 @@ def run(config: Config, frames: int) -> dict[str, Any]:
         threads=1,
         loss_fn=loss_fn,
         optimizer=optimizer,
-        grad_mode=config.grad_mode,
-        compensation=tuple(config.compensation.split("+")) if config.compensation else (),
+        grad_mode=cast(GradMode, config.grad_mode),
+        compensation=compensation,
     ) as pipe:
         try:
             for result in pipe.stream(xs, ys):

@@ -1,7 +1,8 @@
 """What configures a pipeline's stages, and the checks of it.
 
 ``StageConfig`` is what every stage of one pipeline shares; ``GRAD_MODES`` and ``NONFINITE``
-are the values its ``grad_mode`` and ``nonfinite`` may take, ``DEFAULT_GRAD_MODE`` the grad mode
+are the values its ``grad_mode`` and ``nonfinite`` may take (``GradMode`` and ``NonfinitePolicy``
+their types), ``DEFAULT_GRAD_MODE`` the grad mode
 of a pipeline that chooses none. ``check_loss_fn`` and
 ``takes_target`` judge a loss function before any sample runs; ``check_schedule_and_clipping``
 judges ``lr_scheduler`` and ``max_grad_norm``. All are re-exported by ``partime.core.stage``.
@@ -14,17 +15,22 @@ import math
 import numbers
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
 
 from ...learning.optimizer_state import described
 
-GRAD_MODES = ("partime", "stash", "weight-stash", "graph-stash")
-DEFAULT_GRAD_MODE = "graph-stash"
+GradMode = Literal["partime", "stash", "weight-stash", "graph-stash"]
+"""A grad mode, for a type checker: what ``Pipeline(grad_mode=...)`` takes, the values of ``GRAD_MODES``."""
+GRAD_MODES: tuple[GradMode, ...] = ("partime", "stash", "weight-stash", "graph-stash")
+DEFAULT_GRAD_MODE: GradMode = "graph-stash"
 """What a pipeline learns with when no grad mode is chosen: one forward per sample, no weight copy."""
-NONFINITE = ("raise", "skip")
+NonfinitePolicy = Literal["raise", "skip"]
+"""What becomes of a non-finite sample, for a type checker: what ``Pipeline(nonfinite=...)`` takes,
+the values of ``NONFINITE``."""
+NONFINITE: tuple[NonfinitePolicy, ...] = ("raise", "skip")
 SCHEDULER_EXAMPLE = "lambda opt: torch.optim.lr_scheduler.StepLR(opt, step_size=100, gamma=0.5)"
 
 OptimizerFactory = Callable[[Any], torch.optim.Optimizer]
