@@ -75,6 +75,52 @@ class Pipeline:
     """``model`` cut into ``balance`` stages that run at once, each on its own sample.
 
     ``model`` is an ``nn.Sequential``, whose layers are its children, or any other module whose
+    Open it with ``with``; then ``step(x)`` offers one sample and returns the result that left the
+    pipeline at that tick, ``stream(xs)`` yields every sample's result in order, and ``flush()``
+    returns those still inside. With ``loss_fn`` and ``optimizer`` it learns online; without them
+    it infers under ``torch.no_grad()``. Each argument is told in full below the list.
+
+    :param model: the network: an ``nn.Sequential``, cut between its children, or any module whose
+        forward torch.fx (or torch.export, on ``sample``) can trace. The pipeline works on a copy.
+        See docs/guides/traced-models.md.
+    :param balance: where to cut: a list of layers per stage, a number of stages D (the layers are
+        timed, then cut evenly in time), or ``"auto"`` (the depth too; needs ``sample``). See
+        docs/guides/tick.md.
+    :param devices: None (the default: every stage on the CPU), one device for every stage, or a
+        list of one per stage. See docs/guides/tick.md.
+    :param executor: how the stages run: ``"process"`` (the default: a process each),
+        ``"thread"``, ``"inline"`` (in the caller's thread, the SPEC as plain code) or
+        ``"distributed"`` (one rank each); any of ``EXECUTORS``. See docs/guides/executors.md.
+    :param loss_fn: the loss, ``(output, target) -> scalar tensor`` or ``(output) -> scalar
+        tensor``, such as ``nn.MSELoss()``; None (the default) for inference. See
+        docs/guides/learning.md.
+    :param optimizer: a factory ``params -> torch.optim.Optimizer``, called once per stage; None
+        (the default) for inference. See docs/guides/learning.md.
+    :param lr_scheduler: a factory ``optimizer -> LRScheduler``, stepped after each step of each
+        stage's optimizer; None (the default) for none. See docs/guides/learning.md.
+    :param max_grad_norm: the norm each stage clips its gradient to before it steps, a finite
+        number above 0; None (the default) clips nothing. See docs/guides/learning.md.
+    :param grad_mode: how late gradients are computed: ``"graph-stash"`` (the default),
+        ``"stash"``, ``"weight-stash"`` or ``"partime"``; any of ``GRAD_MODES``. See
+        docs/guides/learning.md.
+    :param sample: a sample like the stream's, optional: it lets ``balance`` be timed when the
+        pipeline is made, a traced model be checked, and ``with`` start the stages before the first
+        sample. See docs/guides/tick.md.
+    :param threads: each stage's torch thread count; None (the default) divides the cores among
+        the stages. See docs/guides/tick.md.
+    :param compensation: what each stage does about learning from late gradients: ``"auto"`` (the
+        default: chosen by the kind of optimizer), one option, a sequence of options, or ``()`` for
+        none. See docs/guides/compensation.md.
+    :param nonfinite: what becomes of a sample whose input or loss holds NaN or an infinity:
+        ``"raise"`` (the default) or ``"skip"``. See docs/guides/learning.md.
+    :param timeout: the longest, in seconds, the caller waits for any stage; None waits for ever.
+        The default is ``TIMEOUT_S``, five minutes. See docs/guides/troubleshooting.md.
+    :raises ValueError: an argument out of its range or set (naming the value and the choices), a
+        device this machine does not have, or ``lr_scheduler``/``max_grad_norm`` without
+        ``optimizer``.
+    :raises TypeError: a model that cannot be cut or traced, a loss class where an instance is
+        meant, or a factory that is not callable.
+
     forward torch.fx can trace, whose layers are the computing nodes of its graph, in order (see
     ``partime.traced.tracing``: what crosses a cut is every value computed before it and used after it;
     what cannot be traced is refused with a TypeError naming the node or line, and the fix). A
