@@ -104,6 +104,13 @@ def test_the_learning_guide_runs(tmp_path):
     assert run_page(DOCS / "guides" / "learning.md", tmp_path) == ["60 float", "60 True"]
 
 
+def test_the_mixed_precision_guide_runs(tmp_path):
+    assert run_page(DOCS / "guides" / "mixed-precision.md", tmp_path) == [
+        "40 torch.bfloat16 torch.float32",
+        "RuntimeError 0",
+    ]
+
+
 def test_the_compensation_guide_runs(tmp_path):
     assert run_page(DOCS / "guides" / "compensation.md", tmp_path) == ["auto 20", "('step-scale',) 20", "() 20"]
 
@@ -146,7 +153,7 @@ def test_the_traced_models_guide_runs(tmp_path):
 
 
 TESTED_PAGES = {"index", "tick", "learning", "compensation", "executors", "live-sources", "video", "checkpoints"}
-TESTED_PAGES |= {"troubleshooting", "traced-models"}
+TESTED_PAGES |= {"troubleshooting", "traced-models", "mixed-precision"}
 
 
 def test_every_page_with_an_example_is_run():

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -72,6 +73,7 @@ def check_arguments(
     compensation: str | Sequence[str] = "auto",
     running: Callable[[Partition], AbstractContextManager[Iterator[Any]]] | None = None,
     plain: nn.Module | None = None,
+    autocast: torch.dtype | None = None,
 ) -> Arguments:
     """``Pipeline``'s arguments, checked in the order they are documented: a ValueError (or the
     error of ``check_balance``, ``executor_class``, ``check_loss_fn``,
@@ -105,6 +107,7 @@ def check_arguments(
         )
     check_loss_fn(loss_fn)
     check_schedule_and_clipping(optimizer, lr_scheduler, max_grad_norm)
+    check_autocast_dtype(autocast)
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
         raise ValueError(f"threads must be a whole number of at least 1, got {threads!r}")
     if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0):
@@ -123,6 +126,7 @@ def check_arguments(
                 False,
                 check_compensation(compensation),
                 max_grad_norm=max_grad_norm,  # a clipped step costs its norm; a schedule costs nothing
+                autocast=autocast,
             )
             trial = running if cls.has_workers else None
             partition = confirmed(model, partition, sample, config, count, trial, plain=plain)
@@ -136,6 +140,7 @@ def check_arguments(
         per_stage = [_parsed(d, f"devices[{k}]") for k, d in enumerate(devices)]
     checked_devices = cls.check_devices(per_stage, depth)
     check_available(checked_devices)
+    check_autocast_supported(autocast, checked_devices)
     if cls.on_this_host and depth > (os.cpu_count() or 1):
         log.warning(
             "%d stages on %d cores: stages will share cores, and the pipeline will not run %d times faster",
@@ -151,6 +156,47 @@ def check_arguments(
         timeout=None if timeout is None else float(timeout),
         partition=partition,
     )
+
+
+def check_plain_model(model: Any) -> None:
+    """A TypeError if ``model`` was made by ``torch.compile`` (it holds the module it compiled as
+    ``_orig_mod``): a pipeline splits the plain module into stages, which a compiled one hides."""
+    if isinstance(model, nn.Module) and hasattr(model, "_orig_mod"):
+        raise TypeError(
+            f"model is a torch.compile'd module ({type(model).__name__}); pass the plain model it compiled "
+            "(model._orig_mod): a pipeline splits the module into stages and runs their forwards itself, "
+            "and compiling each stage is not offered yet"
+        )
+
+
+def check_autocast_dtype(autocast: Any) -> None:
+    """A ValueError unless ``autocast`` is None or a floating ``torch.dtype``."""
+    if autocast is None or (isinstance(autocast, torch.dtype) and autocast.is_floating_point):
+        return
+    raise ValueError(
+        f"autocast must be None (full precision) or a floating torch.dtype, e.g. autocast=torch.bfloat16 "
+        f"or autocast=torch.float16; got {autocast!r}"
+    )
+
+
+def check_autocast_supported(autocast: torch.dtype | None, devices: Sequence[str]) -> None:
+    """A ValueError if torch cannot autocast to ``autocast`` on the type of one of ``devices``
+    (torch would warn and compute in full precision there)."""
+    if autocast is None:
+        return
+    for kind in dict.fromkeys(torch.device(d).type for d in devices):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch warns where it disables autocast: the error below says it
+            try:
+                with torch.autocast(device_type=kind, dtype=autocast):
+                    enabled = torch.is_autocast_enabled(kind)
+            except RuntimeError:
+                enabled = False
+        if not enabled:
+            raise ValueError(
+                f"torch {torch.__version__} cannot autocast to {autocast} on {kind}: choose another dtype "
+                "(torch.bfloat16 is supported on the CPU and on recent GPUs), or autocast=None"
+            )
 
 
 def _parsed(device: str | torch.device, name: str) -> torch.device:

@@ -46,7 +46,8 @@ from ..traced.partition import describe
 from ..traced.structured_loss import ModelCall, StructuredLoss
 from ..traced.tracing import boundary_specs, check_copied_hooks, layers_of, traced_forward
 from . import arrivals
-from .argument_checks import Devices, check_arguments
+from .argument_checks import Devices, check_arguments, check_plain_model
+from .caller_autocast import check_caller_autocast
 from .one_caller import OneCaller
 from .sample_reading import layout_of, pair
 from .sigterm import SigtermGuard
@@ -115,6 +116,9 @@ class Pipeline:
         ``"raise"`` (the default) or ``"skip"``. See docs/guides/learning.md.
     :param timeout: the longest, in seconds, the caller waits for any stage; None waits for ever.
         The default is ``TIMEOUT_S``, five minutes. See docs/guides/troubleshooting.md.
+    :param autocast: None (the default: full precision) or a floating dtype, ``torch.bfloat16`` or
+        ``torch.float16``, that every stage's forward and the loss run under ``torch.autocast``
+        of, on every executor. See docs/guides/mixed-precision.md.
     :raises ValueError: an argument out of its range or set (naming the value and the choices), a
         device this machine does not have, or ``lr_scheduler``/``max_grad_norm`` without
         ``optimizer``.
@@ -172,6 +176,17 @@ class Pipeline:
     (stage i 2(D − 1 − i) ticks after the last), so no moment holds them all, and waiting for
     them would stall the pipeline. ``threads`` is each stage's torch thread count (default: the cores
     divided among the stages).
+
+    ``autocast`` (None, the default: full precision; or a floating dtype such as ``torch.bfloat16``
+    or ``torch.float16``) runs every stage's forward, and the loss at the last stage, under
+    ``torch.autocast(device_type=<the stage's device type>, dtype=autocast)``, on every executor;
+    the backward and the step run outside it, as in a plain loop with ``with torch.autocast(...):
+    loss = loss_fn(model(x), y)``, which the pipeline equals at D = 1. What crosses a boundary then
+    has the dtype the stage emits (bf16 out of a Linear under bf16). A dtype torch cannot autocast to
+    on a stage's device raises a ValueError. Do not open an autocast around ``step`` or ``stream``
+    yourself: it would reach some stages and not others, so it raises a RuntimeError, before
+    anything is fed. A ``torch.compile``'d model raises a TypeError: pass the plain one
+    (``model._orig_mod``); compiling each stage is not offered yet.
 
     ``nonfinite`` says what becomes of a sample whose input or loss holds NaN or an infinity:
     ``"raise"`` (the default) refuses a non-finite input with a ValueError before it is fed (the
@@ -271,6 +286,7 @@ class Pipeline:
         compensation: Compensations = "auto",
         nonfinite: NonfinitePolicy = "raise",
         timeout: float | None = TIMEOUT_S,
+        autocast: torch.dtype | None = None,
     ):
         # What partime runs for itself here (traces, probes, timing) draws nothing from the caller's
         # random stream; the stages start from it (SPEC.md, "Random and stateful layers").
@@ -279,6 +295,7 @@ class Pipeline:
             self._pid = os.getpid()
             self._status: str = "new"  # new -> open -> closed
             self._executor: Executor | None = None
+            check_plain_model(model)  # a torch.compile'd module hides the layers to split
             # the pipeline's own copy: the caller's model is never changed
             self._root = copy.deepcopy(model) if isinstance(model, nn.Module) else model
             if isinstance(model, nn.Module):
@@ -310,6 +327,7 @@ class Pipeline:
                 timeout=timeout,
                 sample=sample,
                 compensation=compensation,
+                autocast=autocast,
                 # "auto" weighs a pipeline against the model as its user runs it: the module itself
                 plain=self._root if layers is self._root else ModelCall(self._root, self._traced_forward),
                 running=functools.partial(
@@ -346,6 +364,7 @@ class Pipeline:
                 random_state=random_state,
                 lr_scheduler=lr_scheduler,
                 max_grad_norm=None if max_grad_norm is None else float(max_grad_norm),
+                autocast=autocast,
             )
             learnt = trainable(layers) + trainable(loss_fn, LOSS_PREFIX)
             check_optimizer_factory(optimizer, self._config.compensation, learnt)
@@ -744,7 +763,9 @@ class Pipeline:
             raise PipelineClosedError("the pipeline is closed; make a new one")
 
     def _check_grad_mode(self, verb: str) -> None:
-        """A RuntimeError if the pipeline learns and ``verb`` was called where autograd is off."""
+        """A RuntimeError if ``verb`` was called under the caller's own autocast, or the pipeline
+        learns and it was called where autograd is off."""
+        check_caller_autocast(verb)
         if not self._config.learning:
             return
         if torch.is_inference_mode_enabled():
@@ -829,7 +850,7 @@ class Pipeline:
         resume = state.resume
         inputs: list[Any] | None = None  # what each stage took in: the stage processes warm up on it
         if resume is None:
-            layout, inputs = layout_of(stages, x, target)
+            layout, inputs = layout_of(stages, x, target, self._config.autocast)
         else:
             layout = layout_from_plain(resume["layout"])
         state.layout = layout

@@ -8,7 +8,9 @@ fails on it.
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import itertools
 from typing import Any
 
 import torch
@@ -30,9 +32,12 @@ def pair(item: Any, index: int) -> tuple[Any, Any]:
     )
 
 
-def layout_of(stages: list[nn.Module], x: Any, target: ValueSpec | None) -> tuple[Layout, list[Any]]:
+def layout_of(
+    stages: list[nn.Module], x: Any, target: ValueSpec | None, autocast: torch.dtype | None = None
+) -> tuple[Layout, list[Any]]:
     """Every boundary's layout, from one forward of a copy of the stages on the first sample,
-    without gradients, and what each stage took in (stage 0 the sample, each other the output of
+    without gradients (under ``torch.autocast`` of ``autocast`` on each stage's device type, as the
+    stages run: what crosses a boundary has the dtype they emit), and what each stage took in (stage 0 the sample, each other the output of
     the one before: what a stage's worker warms up on). The stages are left as they were, but a
     side effect outside them (a counter in a forward) sees that forward, and it draws from the
     current random stream (the pipeline calls it on a fork of the caller's)."""
@@ -44,8 +49,20 @@ def layout_of(stages: list[nn.Module], x: Any, target: ValueSpec | None) -> tupl
         for i, stage in enumerate(copy.deepcopy(stages)):
             inputs.append(value)
             try:
-                value = stage(value)
+                with _autocasting(stage, value, autocast):
+                    value = stage(value)
             except Exception as exc:
                 raise stage_error(i, 0, "forward", exc) from exc
             specs.append(spec_of(value, f"output of stage {i}", strides=True))  # handed on in its strides
     return Layout(sample, tuple(specs[:-1]), specs[-1], target), inputs
+
+
+def _autocasting(stage: nn.Module, value: Any, dtype: torch.dtype | None) -> contextlib.AbstractContextManager[Any]:
+    """``torch.autocast`` of ``dtype`` on the device type ``stage`` runs on (that of its first
+    parameter or buffer, else of its input ``value``); nothing for None."""
+    if dtype is None:
+        return contextlib.nullcontext()
+    held = next(itertools.chain(stage.parameters(), stage.buffers()), None)
+    if held is None:
+        held = next(iter(as_tensors(value, "input")), None)
+    return torch.autocast(device_type="cpu" if held is None else held.device.type, dtype=dtype)

@@ -52,6 +52,7 @@ class StageConfig:
     random_state: Tensor | None = None  # the caller's random state when the pipeline was made
     lr_scheduler: SchedulerFactory | None = None  # optimizer -> LRScheduler, stepped after each step
     max_grad_norm: float | None = None  # each stage clips its gradient to this norm before it steps
+    autocast: torch.dtype | None = None  # every stage's forward (and the loss) under torch.autocast of this dtype
 
     @property
     def learning(self) -> bool:

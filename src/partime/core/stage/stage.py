@@ -16,6 +16,9 @@ The grad modes differ only in what the vector-Jacobian product of a late gradien
 With weight prediction (``compensation``), a forward runs with the predicted weights and the
 product of its gradient uses them too, whatever the grad mode.
 
+With ``config.autocast`` (a dtype) every forward, run again or not, and the loss run under
+``torch.autocast`` of that dtype on the stage's device type; the backward and the step run outside it.
+
 Where the graph of a forward is still valid for the product (built from the right input with
 weights that no step has changed since, or kept by ``graph-stash``) it is reused instead of
 running the forward again: in ``partime`` mode that is every tick with a forward, at the last
@@ -128,7 +131,7 @@ class Stage:
         self.phase = "forward"
         value = to_device(value, self.device)
         if not self.config.learning:
-            with torch.no_grad(), self._drawing():
+            with torch.no_grad(), self._drawing(), self._autocasting():
                 return self.module(value)
         tensors = as_tensors(value, self._input_name)
         record = ForwardRecord(sample, tuple(self._leaf(t) for t in tensors), not isinstance(value, Tensor))
@@ -164,7 +167,7 @@ class Stage:
             raise RuntimeError(f"stage {self.index} has no loss_fn: a pipeline without one does not learn")
         record, outputs = self._record_for(sample)
         output = value_of(outputs, self._out_is_tuple)
-        with self._drawing():
+        with self._drawing(), self._autocasting():
             loss = loss_fn(output, to_device(target, self.device)) if self.config.supervised else loss_fn(output)
         if not isinstance(loss, Tensor) or loss.dim() != 0:
             shape = tuple(loss.shape) if isinstance(loss, Tensor) else type(loss).__name__
@@ -321,20 +324,29 @@ class Stage:
             and record.saved is None
             and (self._random is None or self._random.draws is False)
             and torch.is_grad_enabled()
+            and self.config.autocast is None
         )
 
     @contextlib.contextmanager
     def _around(self, record: ForwardRecord, again: bool) -> Iterator[None]:
         """Autograd on, the kept graph's hooks (``record.saved``: collected, or taken from there
-        ``again``) and the stage's random stream (``again``: replayed from ``record.random``)."""
+        ``again``), the stage's random stream (``again``: replayed from ``record.random``) and the
+        pipeline's autocast (run ``again``, a forward computes in the precision it first did)."""
         hooks: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
         if record.saved is not None:
             assert self._kept is not None  # only a graph-stash stage's records save
             keep = self._kept.replaying if again else self._kept.keeping
             hooks = keep(record.sample, record.saved)
         randomness = RandomStream.replaying(record.random) if again else self._drawing()
-        with torch.enable_grad(), hooks, randomness:
+        with torch.enable_grad(), hooks, randomness, self._autocasting():
             yield
+
+    def _autocasting(self) -> contextlib.AbstractContextManager[Any]:
+        """Within it, the stage computes under ``torch.autocast`` of the pipeline's dtype on its
+        device's type (``config.autocast``; None: in the precision of its weights and inputs)."""
+        if self.config.autocast is None:
+            return _NOTHING
+        return torch.autocast(device_type=self.device.type, dtype=self.config.autocast)
 
     def _drawing(self) -> contextlib.AbstractContextManager[None]:
         """Within it, what the stage's forward or loss draws comes from the stage's own stream."""

@@ -9,6 +9,7 @@ It reports on a pipe of its own to the caller, as ``(kind, payload)``.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import signal
@@ -51,12 +52,14 @@ class WorkerArgs:
     warm: bytes | None = None  # torch.save of the tensors the stage took in when the layout was learnt
 
 
-def warm_up(module: torch.nn.Module, value: Any) -> None:
-    """One forward of a copy of ``module`` on ``value``, without gradients and from a copy of the
+def warm_up(module: torch.nn.Module, value: Any, autocast: torch.dtype | None = None, device_type: str = "cpu") -> None:
+    """One forward of a copy of ``module`` on ``value``, without gradients, under the stage's
+    autocast (``autocast`` on ``device_type``, as its ticks run) and from a copy of the
     process's random state: what a fresh process does once only (its thread pool started, its
     kernels chosen for these shapes, its memory mapped) is done before the first tick, and
     ``module``, its buffers and every random stream are as they were."""
-    with torch.no_grad(), torch.random.fork_rng(devices=[]):
+    casting = contextlib.nullcontext() if autocast is None else torch.autocast(device_type, dtype=autocast)
+    with torch.no_grad(), torch.random.fork_rng(devices=[]), casting:
         copy.deepcopy(module)(value)
 
 
@@ -86,7 +89,8 @@ def work(w: WorkerArgs) -> None:
             where.phase = "resume"
             links, tick = resume(stage, links, from_bytes(w.resume))
         if w.warm is not None:
-            warm_up(stage.module, rebuild(links.layout.into(links.index), tuple(from_bytes(w.warm))))
+            value = rebuild(links.layout.into(links.index), tuple(from_bytes(w.warm)))
+            warm_up(stage.module, value, config.autocast, stage.device.type)
         w.reports.send((READY, None))
         run_stage(stage, w.links, check, where, sent, first=links, tick=tick)
     except Aborted:
