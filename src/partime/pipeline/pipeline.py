@@ -75,7 +75,6 @@ stream (and than a worker's start), short enough that an unattended run does not
 class Pipeline:
     """``model`` cut into ``balance`` stages that run at once, each on its own sample.
 
-    ``model`` is an ``nn.Sequential``, whose layers are its children, or any other module whose
     Open it with ``with``; then ``step(x)`` offers one sample and returns the result that left the
     pipeline at that tick, ``stream(xs)`` yields every sample's result in order, and ``flush()``
     returns those still inside. With ``loss_fn`` and ``optimizer`` it learns online; without them
@@ -125,6 +124,7 @@ class Pipeline:
     :raises TypeError: a model that cannot be cut or traced, a loss class where an instance is
         meant, or a factory that is not callable.
 
+    ``model`` is an ``nn.Sequential``, whose layers are its children, or any other module whose
     forward torch.fx can trace, whose layers are the computing nodes of its graph, in order (see
     ``partime.traced.tracing``: what crosses a cut is every value computed before it and used after it;
     what cannot be traced is refused with a TypeError naming the node or line, and the fix). A
@@ -133,21 +133,13 @@ class Pipeline:
     its shapes, may be a dict of named inputs (``input_ids``, ``attention_mask``), and each result's
     output, and what ``loss_fn`` is given, is what the forward returns (a ``ModelOutput``).
 
-    ``balance`` is a list of layers per stage, or a number of stages D: then each layer is timed on
-    ``sample`` (or the first streamed sample), with what each boundary between stages costs per
-    tick (``partime.planning.hop_cost``), and the model is cut as ``partime.planning.steady_cut`` says: among the cuts
-    whose slowest stage, hops included, is about as fast as the fastest's, by rules that timing
-    noise does not change (so one script cuts one model alike in every run on one machine) and,
-    when learning, with the fewest weights delayed. ``balance="auto"`` chooses the number of stages too, when the pipeline is made, so it
-    needs ``sample``: from 1 up to the cores this process may use (and the layers), the depth and
-    cut whose slowest stage is predicted fastest, each depth timed with the threads its stages
-    would get; one stage (the model as it is, with the reason logged at INFO) unless a pipeline is
-    predicted ``partime.planning.planner.AUTO_MARGIN`` (10%) faster, and then measured so
-    (``partime.planning.auto_check``: with an executor of workers, a pipeline of the chosen cut
-    runs for a few seconds on copies of the model and ``sample``, in turns with the plain model)
-    against the plain model (the module given, run by its own forward, also where it is traced) with
-    plain torch and the threads one stage would have.
-    ``partition`` says what it chose and predicts.
+    ``balance`` is a list of layers per stage, taken as given; a number of stages D, cut where the
+    layers' timings on ``sample`` (or the first sample) and the cost of each boundary say, by rules
+    that timing noise does not change (``partime.planning.steady_cut``), with the fewest weights
+    delayed when learning; or ``"auto"``, which chooses D too when the pipeline is made (it needs
+    ``sample``) and keeps one stage unless a pipeline is predicted, then measured, 10% faster
+    (``partime.planning.auto_check``). ``partition`` says what it chose and predicts. The rules in
+    full: docs/guides/tick.md, "Where the model is cut".
 
     With ``loss_fn`` and ``optimizer`` (a factory ``params -> Optimizer``, called once per
     stage) the pipeline learns online as SPEC.md says, under ``grad_mode`` (``"graph-stash"``,
@@ -206,31 +198,16 @@ class Pipeline:
     second pipeline made from it starts from the same weights. ``module`` gives the trained
     weights back (``model.load_state_dict(pipe.module.state_dict())`` to train it in place).
 
-    Besides one forward of each sample (and the forward again that ``grad_mode="stash"`` runs for a
-    late gradient), partime runs the model for itself, on copies, from a copy of the random state:
-    when the stages start (at the first sample, or before it: ``start``), every stage's forward once
-    on that sample, under ``torch.no_grad()``, to learn what crosses each boundary
-    (``partime.pipeline.sample_reading.layout_of``), and in each stage process its stage's forward
-    once more, to warm it (``partime.executors.process.worker.warm_up``); with ``balance=D``, each
-    layer a few times on ``sample`` (or the first sample) to time it, forward and, when learning,
-    backward; with ``balance="auto"``, that for each depth's thread count, then, where a pipeline is
-    predicted faster, its stages' ticks or a trial pipeline of its cut, and the model itself, for a
-    few seconds (``partime.planning.auto_check``). None of it draws from the caller's random stream
-    or changes the pipeline's weights and buffers, but a forward with a side effect outside the
-    model (a counter, a print) sees it: with a list balance, N + 1 calls for N samples, the first on
-    sample 0 (or ``sample=``) without gradients. A traced model runs its graph, not its forward:
-    Python in its ``forward`` that computes no tensor runs when it is traced (and once more on
-    ``sample=``, which checks the graph against the forward), never per sample.
+    Besides one forward of each sample, partime runs the model for itself, on copies and from a
+    copy of the random state (to learn what crosses each boundary, warm the stages, time the
+    layers): none of it draws from the caller's random stream or changes the pipeline's weights,
+    but a forward with a side effect outside the model (a counter, a print) sees those calls (and
+    a traced model runs its graph per sample, not its forward); docs/guides/tick.md, "What partime
+    runs for itself", lists them.
 
     With ``sample=`` (and a loss that takes no target), ``with`` starts the stages, warm, before the
     first sample (``start``): a live source loses nothing to the pipeline's start, and what is
     computed is what a pipeline started at its first sample computes, to the bit.
-
-    ``devices`` puts the stages on devices: None (every stage on the CPU), one device (a string
-    such as ``"cuda:0"`` or a ``torch.device``) for every stage, or a list of one per stage. A
-    device this machine does not have (CUDA where ``torch.cuda.is_available()`` is False, an index
-    past ``torch.cuda.device_count()``, MPS where it is not available) is a ValueError naming the
-    stage, the device and the devices it has, when the pipeline is made.
 
     ``timeout`` is the longest, in seconds, that the caller waits for any stage (a result, room
     for a sample, a checkpoint, the workers' start) before a ``StageTimeoutError`` names the stage
