@@ -277,3 +277,10 @@ def test_history_stays_bounded_over_a_long_stream() -> None:
     assert len(steps) == 1 and steps.pop() * len(counts) >= 100_000 / 2  # evenly spaced, over the whole stream
     assert history["rolling_loss"] == [rolling[int(c) - 1] for c in counts]
     assert len(metrics.history()["count"]) == len(counts)  # reading it records nothing
+
+
+def test_a_tuple_target_is_refused_and_nothing_is_recorded() -> None:
+    metrics = OnlineMetrics()
+    with pytest.raises(TypeError, match=r"one target tensor, got a tuple of 2: pass the tensor"):
+        metrics.update(torch.zeros(1, 3), (torch.tensor([1]), torch.tensor([2])))
+    assert metrics.count == 0

@@ -82,8 +82,6 @@ def learn(grad_mode: GradMode, path: Path) -> nn.Module:
         xs = [torch.randn(4) for _ in range(8)]
         ys = [torch.tensor(i % 2) for i in range(8)]
         for r in pipe.stream(xs, ys):
-            # Result.target may be a tuple of tensors (a loss of several targets); OnlineMetrics scores one
-            assert r.target is None or isinstance(r.target, torch.Tensor)
             metrics.update(r.output, r.target, loss=r.loss)
             index: int = r.index
             loss: float | None = r.loss

@@ -124,17 +124,29 @@ class OnlineMetrics:
         self._points: list[_Point] = []
         self._stride = 1
 
-    def update(self, output: Tensor | None, target: Tensor | None = None, loss: float | Tensor | None = None) -> None:
+    def update(
+        self,
+        output: Tensor | None,
+        target: Tensor | tuple[Tensor, ...] | None = None,
+        loss: float | Tensor | None = None,
+    ) -> None:
         """Score one result: its ``output`` against ``target`` (if given) and its ``loss`` (if given).
 
         A target of ``output``'s shape without its last (class) dimension and of an integer dtype
         scores accuracy; a target of ``output``'s own shape and a floating dtype scores the absolute
         and squared errors of its elements. ``output`` None (a dropped or skipped result, whose
         sample never went forward) scores neither, whatever ``target`` is; with no ``loss`` either,
-        the result is counted as ``unscored``. Raises ValueError for an ``output`` with neither a
-        target nor a loss to score it by, or a ``target`` that is neither kind (naming both shapes
-        and dtypes); nothing is recorded then.
+        the result is counted as ``unscored``. ``target`` takes a result's ``target`` as it is, so
+        ``update(r.output, r.target, loss=r.loss)`` type-checks; a target of several tensors (a
+        stream's tuple target) is a TypeError, since it has no one score. Raises ValueError for an
+        ``output`` with neither a target nor a loss to score it by, or a ``target`` that is neither
+        kind (naming both shapes and dtypes); nothing is recorded then.
         """
+        if isinstance(target, tuple):
+            raise TypeError(
+                f"update() scores one target tensor, got a tuple of {len(target)}: pass the tensor to "
+                "score (e.g. r.target[0]), or score the loss alone with update(r.output, loss=r.loss)"
+            )
         if output is not None and target is None and loss is None:
             raise ValueError(
                 "update() needs a target (to score accuracy or errors) or a loss, or both; got an output but neither"
