@@ -470,9 +470,10 @@ def test_a_checkpoint_whose_later_stage_does_not_fit_changes_nothing(executor):
 
 
 def test_an_optimizer_state_of_other_parameter_groups_is_refused_at_load():
-    def grouped(params):  # the weights and the biases in two groups
+    def grouped(named):  # the weights and the biases in two groups
         return torch.optim.SGD(
-            [{"params": [p for p in params if p.dim() > 1]}, {"params": [p for p in params if p.dim() <= 1]}], lr=0.05
+            [{"params": [p for _, p in named if p.dim() > 1]}, {"params": [p for _, p in named if p.dim() <= 1]}],
+            lr=0.05,
         )
 
     with pipeline("inline", 2, **dict(learning("stash"), optimizer=grouped)) as pipe:

@@ -77,7 +77,7 @@ def test_a_factory_that_a_plain_loop_refuses_is_refused_with_the_parameters_it_w
         "the optimizer factory, called on copies of the model's 3 trainable parameters "
         "(0.weight (8, 6), 2.weight (3, 8), 2.bias (3,)), failed: ValueError: Muon only supports 2D parameters"
     )
-    assert "a plain loop's factory(model.parameters()) fails alike" in message
+    assert "a plain loop's factory(model.named_parameters()) fails alike" in message
     assert "steps 2-D weights with Muon and the rest with AdamW" in message
     assert isinstance(info.value.__cause__, ValueError)
 
@@ -87,7 +87,7 @@ def test_a_stage_whose_parameters_the_factory_refuses_names_the_stage_and_them()
     # no 2-D weight, and Muon refuses an empty list there.
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(6, 8, bias=False), nn.LayerNorm(8))
-    factory = lambda params: torch.optim.Muon([p for p in params if p.dim() == 2], lr=0.02)
+    factory = lambda named: torch.optim.Muon([p for _, p in named if p.dim() == 2], lr=0.02)
     xs, _ = stream(3)
     with partime.Pipeline(model, [1, 1], executor="inline", loss_fn=MSE, optimizer=factory) as pipe:
         with pytest.raises(StageError) as info:
@@ -137,8 +137,8 @@ def test_the_factory_is_called_on_copies_never_on_the_model_parameters():
     model = weights_only()
     seen = []
 
-    def factory(params):
-        params = list(params)
+    def factory(named):
+        params = [p for _, p in named]
         seen.extend(params)
         with torch.no_grad():
             for p in params:
@@ -189,7 +189,7 @@ def forgets_to_return(params):
                 "the optimizer it makes of the params it is given (a def must return it)"
             ),
         ),
-        (lambda params: list(params), "returned list [Parameter c"),
+        (lambda named: [p for _, p in named], "returned list [Parameter c"),
     ],
 )
 def test_check_optimizer_factory_refuses_a_factory_that_makes_no_optimizer(factory, returned):
@@ -231,12 +231,12 @@ def test_check_optimizer_factory_says_when_the_factory_fails():
         # param groups by shape, and a look at the first parameter's shape, as real factories do
         lambda params: torch.optim.SGD(
             [
-                {"params": [p for p in params if p.dim() > 1], "weight_decay": 1e-4},
-                {"params": [p for p in params if p.dim() <= 1]},
+                {"params": [p for _, p in params if p.dim() > 1], "weight_decay": 1e-4},
+                {"params": [p for _, p in params if p.dim() <= 1]},
             ],
             lr=0.1,
         ),
-        lambda params: torch.optim.SGD(params, lr=0.1 / params[0].shape[1]),
+        lambda params: torch.optim.SGD(params, lr=0.1 / params[0][1].shape[1]),
     ],
 )
 def test_check_optimizer_factory_takes_factories_that_optimise_their_params(factory):

@@ -134,8 +134,8 @@ def test_an_optimizer_holding_none_of_its_stages_parameters_is_refused(executor)
 
 
 def test_an_optimizer_leaving_out_some_of_its_stages_parameters_is_a_warning(caplog):
-    def no_biases(params):
-        return torch.optim.SGD([p for p in params if p.dim() > 1], lr=0.1)
+    def no_biases(named):
+        return torch.optim.SGD([p for _, p in named if p.dim() > 1], lr=0.1)
 
     with caplog.at_level(logging.WARNING, logger="partime.core.stage"):
         _, trained = run(optimizer=no_biases)
@@ -224,12 +224,16 @@ def test_a_loss_whose_gradient_is_zero_is_a_path():
     assert all(torch.equal(p, q) for p, q in zip(trained.parameters(), model().parameters(), strict=True))
 
 
-def test_a_frozen_model_needs_no_gradient():
+def test_a_frozen_model_with_an_optimizer_is_refused_as_nothing_to_learn():
     frozen = model()
     frozen.requires_grad_(False)
-    xs, ys = stream()
-    with partime.Pipeline(frozen, [2, 1], executor="inline", loss_fn=detached, optimizer=sgd) as pipe:
-        assert len(list(pipe.stream(xs, ys))) == 5
+    with pytest.raises(ValueError) as info:
+        partime.Pipeline(frozen, [2, 1], executor="inline", loss_fn=detached, optimizer=sgd)
+    message = str(info.value)
+    assert message.startswith("optimizer= was given, but nothing would learn: every parameter of the model")
+    assert "requires_grad_(True)" in message and "leave out loss_fn= and optimizer=" in message
+    with pytest.raises(ValueError, match="optimizer got an empty parameter list"):  # as a plain loop is
+        sgd([p for p in frozen.parameters() if p.requires_grad])
 
 
 def test_a_frozen_last_stage_takes_any_loss():

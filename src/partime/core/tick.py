@@ -15,7 +15,8 @@ A tick of stage i has two halves, in this order:
   step) and sends the gradient w.r.t. its input back; ``Skip``: it forgets that sample's forward,
   takes no step, and passes the ``Skip`` back.
 
-Stage 0 sends no gradient back. The inline executor runs both halves of every stage in order within
+Stage 0 sends no gradient back, nor does any stage before which nothing trains (a frozen
+backbone's last stage); a stage before every one that trains takes none (``Stage.takes_gradient``). The inline executor runs both halves of every stage in order within
 a tick and delivers what they send at the next tick; a worker (``worker_loop.run_segment``) wraps them
 with the blocking receives and sends of its links. Neither restates this rule.
 """
@@ -64,11 +65,11 @@ def forward_half(stage: Stage, message: Passed, last: bool, target: Callable[[],
     the last stage, and ``target()`` gives the sample's target (called once, only by a last stage
     that learns from a ``Data``)."""
     s = message.sample
-    learning, first = stage.config.learning, stage.index == 0
+    learning, sends = stage.config.learning, stage.sends_gradient
     if isinstance(message, Skip):
         if not last:
             return Forwarded(activation=message)
-        return Forwarded(gradient=message if learning and not first else None, result=Result(s, None, skipped=True))
+        return Forwarded(gradient=message if sends else None, result=Result(s, None, skipped=True))
     out = stage.forward(s, message.value)
     if not last:
         return Forwarded(activation=Data(s, out))
@@ -76,7 +77,7 @@ def forward_half(stage: Stage, message: Passed, last: bool, target: Callable[[],
         return Forwarded(result=Result(s, out))
     learnt = stage.learn(s, target())
     back: Passed | None = None
-    if not first:
+    if sends:
         back = Skip(s) if learnt.skipped else Data(s, learnt.gradient)
     return Forwarded(gradient=back, result=Result(s, out, learnt.loss, skipped=learnt.skipped))
 
@@ -87,6 +88,6 @@ def backward_half(stage: Stage, message: Passed) -> Passed | None:
     s = message.sample
     if isinstance(message, Skip):
         stage.drop(s)
-        return None if stage.index == 0 else message
+        return message if stage.sends_gradient else None
     grad = stage.backward(s, message.value)
-    return None if stage.index == 0 else Data(s, grad)
+    return Data(s, grad) if stage.sends_gradient else None

@@ -237,7 +237,11 @@ def play_tick(
             sent.activation = _put(links.act_out, forwarded.activation, check)
         if forwarded.result is not None:
             _put_result(links.results, forwarded.result, check)
-    if links.grad_in is not None and schedule.backward_sample(links.index, tick, stage.config.depth, n) is not None:
+    if (
+        stage.takes_gradient
+        and links.grad_in is not None
+        and schedule.backward_sample(links.index, tick, stage.config.depth, n) is not None
+    ):
         where.sample, where.phase = None, "receive"  # (a stage with a gradient link learns, and is not last)
         received = _message(links.grad_in.get(check=check), links.layout.activations[links.index])
         where.sample, where.phase = received.sample, "backward"

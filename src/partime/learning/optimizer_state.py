@@ -72,14 +72,15 @@ def check_optimizer_factory(
     named: Sequence[tuple[str, Tensor]],
 ) -> None:
     """That ``factory`` (None: no learning) makes, of copies of the model's trainable parameters
-    ``named`` (as ``model.parameters()`` gives them, in order), an optimizer that holds some of
+    ``named`` (handed to it as ``(name, parameter)`` pairs, as ``model.named_parameters()`` gives
+    them, in order), an optimizer that holds some of
     them and can step without a closure, and that every option of ``names`` that reads the
     optimizer's state knows it.
 
     The factory is called on detached copies, never on made-up parameters: a factory that a plain
-    loop accepts (``factory(model.parameters())``) is accepted, one that a plain loop would refuse
-    is refused here. With no trainable parameter it is not called. A TypeError if ``factory`` is
-    not callable (a string, an optimizer instance), returns anything but a
+    loop accepts (``factory(list(model.named_parameters()))``) is accepted, one that a plain loop
+    would refuse is refused here. A ValueError if there is no trainable parameter (nothing would
+    learn). A TypeError if ``factory`` is not callable (a string, an optimizer instance), returns anything but a
     ``torch.optim.Optimizer``, or makes one whose ``step`` needs arguments (``check_steps_alone``);
     a ValueError if its optimizer holds none of the parameters; an error of the kind ``factory``
     raised (a RuntimeError for kinds other than TypeError and ValueError) chained to it if the
@@ -96,15 +97,20 @@ def check_optimizer_factory(
     if isinstance(factory, str) or not callable(factory):
         raise TypeError(f"{wanted}; got {described(factory)}")
     if not named:
-        return
+        raise ValueError(
+            "optimizer= was given, but nothing would learn: every parameter of the model (and of the loss) "
+            "has requires_grad=False, where a plain loop's optimizer of them raises 'optimizer got an empty "
+            "parameter list'; unfreeze what should learn (p.requires_grad_(True)), or leave out loss_fn= and "
+            "optimizer= to run the model without learning"
+        )
     # Copies, so that nothing the factory does (an initialisation, a hook) reaches the model.
-    copies = [torch.nn.Parameter(p.detach().clone()) for _, p in named]
+    copies = [(name, torch.nn.Parameter(p.detach().clone())) for name, p in named]
     source = (
         f"the optimizer factory, called on copies of the model's {len(copies)} trainable parameters "
         f"({shapes_listed(named)}),"
     )
-    optimizer = call_factory(factory, copies, source, "a plain loop's factory(model.parameters()) fails alike")
-    check_holds(optimizer, copies, source, "no stage would learn")
+    optimizer = call_factory(factory, copies, source, "a plain loop's factory(model.named_parameters()) fails alike")
+    check_holds(optimizer, [p for _, p in copies], source, "no stage would learn")
     check_steps_alone(optimizer, source)
     for name in names:
         if name in OPTIONS:

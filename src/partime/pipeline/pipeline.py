@@ -29,7 +29,7 @@ from ..core.boundary_layout import Layout
 from ..core.boundary_values import ValueSpec, copy_tensors, nonfinite, spec_of
 from ..core.random_turns import TURNS
 from ..core.stage import DEFAULT_GRAD_MODE, LossFn, OptimizerFactory, StageConfig, takes_target
-from ..core.stage.config import GradMode, NonfinitePolicy, SchedulerFactory
+from ..core.stage.config import GradMode, NonfinitePolicy, SchedulerFactory, first_trained, model_names
 from ..core.stage.learning import check_scheduler_factory
 from ..errors import PipelineClosedError, StageError
 from ..executors import EXECUTORS, Executor, ExecutorName
@@ -343,7 +343,7 @@ class Pipeline:
                 max_grad_norm=None if max_grad_norm is None else float(max_grad_norm),
                 autocast=autocast,
             )
-            learnt = trainable(layers) + trainable(loss_fn, LOSS_PREFIX)
+            learnt = trainable(self._root) + trainable(loss_fn, LOSS_PREFIX)  # by the model's own names
             check_optimizer_factory(optimizer, self._config.compensation, learnt)
             check_scheduler_factory(lr_scheduler, optimizer, learnt)
             self._sigterm: SigtermGuard | None = SigtermGuard() if self._executor_class.child_processes else None
@@ -684,7 +684,7 @@ class Pipeline:
         checkpoint.check_state(state, expected)
         balance = state["identity"]["balance"]
         try:  # the model's own children, cut where the checkpoint was cut
-            modules = split(self._model, balance)
+            modules = self._cut(balance)
         except (TypeError, ValueError) as exc:
             raise CheckpointError(f"the checkpoint's cut does not fit this model: {exc}") from exc
         state = copy_tensors(dict(state))
@@ -812,6 +812,14 @@ class Pipeline:
         with TURNS.swapping(), torch.random.fork_rng(devices=[]):
             return self._guard(self._start, x, target)
 
+    def _cut(self, balance: Sequence[int]) -> list[nn.Module]:
+        """The model's own stages, cut by ``balance``; the stages' config learns from them which
+        stages take gradients (``first_trained``) and the model's names of their parameters."""
+        stages = split(self._model, balance)
+        self._config.first_trained = first_trained(stages, self._config.loss_fn)
+        self._config.parameter_names = model_names(stages, self._root)
+        return stages
+
     def _start(self, x: Any, target: ValueSpec | None) -> Executor:
         """Fix the partition and every boundary's layout from sample ``x`` (the first, or
         ``start()``'s) or the loaded checkpoint; start the executor."""
@@ -822,7 +830,7 @@ class Pipeline:
         if self._partition is None:
             self._partition = self._plan(x)
             log.info("balanced: %s", self._partition)
-        stages = split(self._model, self._partition.balance)
+        stages = self._cut(self._partition.balance)
         # a loaded checkpoint stays the pipeline's until a tick has run from it (``PipelineState.ran``)
         resume = state.resume
         inputs: list[Any] | None = None  # what each stage took in: the stage processes warm up on it
@@ -924,9 +932,7 @@ class Pipeline:
                     "no checkpoint before the cut is known: with balance=D the layers are timed on the "
                     "first sample; pass balance=[...] or sample=, or take it after the first step"
                 )
-            executor_state = checkpoint.unstarted(
-                split(copy.deepcopy(self._model), self._partition.balance), self._config
-            )
+            executor_state = checkpoint.unstarted(copy.deepcopy(self._cut(self._partition.balance)), self._config)
             unstarted = dataclasses.replace(self._state, layout=None)  # as if they had not started
             return checkpoint.to_checkpoint(unstarted, self._identity(), executor_state)
         self._guard(self._executor.sync)

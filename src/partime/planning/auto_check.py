@@ -36,6 +36,7 @@ from torch import Tensor, nn
 
 from ..core.boundary_values import as_tensors
 from ..core.stage import Stage, StageConfig
+from ..core.stage.config import first_trained
 from .partition import Partition, split
 from .planner import AUTO_MARGIN, torch_threads
 
@@ -89,12 +90,12 @@ def confirmed(
         how = "running"
     else:
         staged = copy.deepcopy(model)  # the timing steps and updates BatchNorm statistics: not the pipeline's
+        modules = split(staged, partition.balance)
+        trial = dataclasses.replace(config, first_trained=first_trained(modules, config.loss_fn))
         with torch_threads(threads(depth)):
             stages = [
-                _tick_seconds(i, module, config, value)
-                for i, (module, value) in enumerate(
-                    zip(split(staged, partition.balance), _inputs(staged, partition, sample))
-                )
+                _tick_seconds(i, module, trial, value)
+                for i, (module, value) in enumerate(zip(modules, _inputs(staged, partition, sample)))
             ]
         hops = partition.hop_costs or (0.0,) * depth  # a tick's own work and its boundaries' copies
         pipeline = max(t + hop for t, hop in zip(stages, hops, strict=True))
@@ -153,8 +154,8 @@ def _plain_calls(model: nn.Module, config: StageConfig, value: Any) -> Iterator[
     """Calls of ``model`` on ``value`` with plain torch, one per item taken (see the module
     docstring): when ``config`` learns, with an optimizer of its own from ``config.optimizer``."""
     learning = config.optimizer is not None  # config.learning, in a form mypy narrows
-    params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = config.optimizer(params) if config.optimizer is not None and params else None
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    optimizer = config.optimizer(named) if config.optimizer is not None and named else None
     with torch.no_grad():
         zeros = [torch.zeros_like(t) for t in as_tensors(model(value), "output of the model")]
     while True:
@@ -177,7 +178,7 @@ def _tick_seconds(index: int, module: nn.Module, config: StageConfig, value: Any
     stage = Stage(index, module, config)
     delay = 2 * (config.depth - 1 - index)
     grad: Any = None
-    if config.learning:
+    if stage.takes_gradient:
         with torch.no_grad():
             out = module(value)
         ones = tuple(torch.ones_like(t) for t in as_tensors(out, f"output of stage {index}"))
@@ -186,7 +187,7 @@ def _tick_seconds(index: int, module: nn.Module, config: StageConfig, value: Any
     for s in range(delay + WARMUP_TICKS + TIMED_TICKS):
         start = time.perf_counter()
         stage.forward(s, value)
-        if config.learning and s >= delay:
+        if stage.takes_gradient and s >= delay:
             stage.backward(s - delay, grad)
         if s >= delay + WARMUP_TICKS:
             times.append(time.perf_counter() - start)

@@ -5,7 +5,9 @@ are the values its ``grad_mode`` and ``nonfinite`` may take (``GradMode`` and ``
 their types), ``DEFAULT_GRAD_MODE`` the grad mode
 of a pipeline that chooses none. ``check_loss_fn`` and
 ``takes_target`` judge a loss function before any sample runs; ``check_schedule_and_clipping``
-judges ``lr_scheduler`` and ``max_grad_norm``. All are re-exported by ``partime.core.stage``.
+judges ``lr_scheduler`` and ``max_grad_norm``. ``first_trained`` and ``model_names`` say, once the
+model is cut, which stages take gradients and by what names a stage's optimizer is handed its
+parameters. All are re-exported by ``partime.core.stage``.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 import inspect
 import math
 import numbers
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -53,10 +55,52 @@ class StageConfig:
     lr_scheduler: SchedulerFactory | None = None  # optimizer -> LRScheduler, stepped after each step
     max_grad_norm: float | None = None  # each stage clips its gradient to this norm before it steps
     autocast: torch.dtype | None = None  # every stage's forward (and the loss) under torch.autocast of this dtype
+    # the first stage with something to train (``first_trained``): those before it take no gradient
+    first_trained: int = 0
+    # for each stage, the model's own name of each of its parameters by the stage's name (``model_names``);
+    # empty: the stage's names are the model's
+    parameter_names: tuple[dict[str, str], ...] = ()
 
     @property
     def learning(self) -> bool:
         return self.optimizer is not None
+
+    def takes_gradient(self, index: int) -> bool:
+        """Whether stage ``index`` applies gradients: the pipeline learns and the stage, or one
+        before it, has something to train (a stage before every trained one runs its forwards
+        without a graph, and no gradient is sent to it)."""
+        return self.learning and index >= self.first_trained
+
+    def sends_gradient(self, index: int) -> bool:
+        """Whether stage ``index`` sends the gradient w.r.t. its input back: some stage before it
+        has something to train."""
+        return self.learning and index > self.first_trained
+
+    def model_name(self, index: int, name: str) -> str:
+        """The model's own name of stage ``index``'s parameter ``name`` (``name`` itself if none is known)."""
+        return self.parameter_names[index].get(name, name) if index < len(self.parameter_names) else name
+
+
+def first_trained(stages: Sequence[nn.Module], loss_fn: Any) -> int:
+    """The index of the first of ``stages`` with a trainable parameter; the last stage's if only
+    ``loss_fn`` (a loss module, which learns at the last stage) has some; ``len(stages)`` if
+    nothing trains."""
+    for index, module in enumerate(stages):
+        if any(p.requires_grad for p in module.parameters()):
+            return index
+    if isinstance(loss_fn, nn.Module) and any(p.requires_grad for p in loss_fn.parameters()):
+        return len(stages) - 1
+    return len(stages)
+
+
+def model_names(stages: Sequence[nn.Module], model: nn.Module) -> tuple[dict[str, str], ...]:
+    """For each of ``stages`` (cut from ``model``: they hold its very parameters), the name
+    ``model.named_parameters()`` gives each of the stage's parameters, by the stage's own name of
+    it; only those whose names differ (a traced model's stages, fused, name them otherwise)."""
+    own = {id(p): name for name, p in model.named_parameters()}
+    return tuple(
+        {name: own[id(p)] for name, p in stage.named_parameters() if own.get(id(p), name) != name} for stage in stages
+    )
 
 
 def check_loss_fn(loss_fn: Any) -> None:

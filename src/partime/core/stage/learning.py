@@ -1,7 +1,8 @@
 """How a learning stage steps: its optimizer and its delay compensation.
 
 ``make_learning`` builds, for stage ``index`` of a pipeline, the optimizer of its trainable
-parameters and the compensation objects that ``config.compensation`` chooses for its delay.
+parameters (the factory is handed them as ``(name, parameter)`` pairs, under the model's own names,
+as ``model.named_parameters()`` gives them) and the compensation objects that ``config.compensation`` chooses for its delay.
 It checks the optimizer: a TypeError if the factory returns anything but a
 ``torch.optim.Optimizer`` or one whose ``step`` needs a closure (LBFGS), a ValueError if it holds
 none of the stage's trainable parameters, an error of the factory's kind naming the stage and its
@@ -132,7 +133,8 @@ def make_learning(
         return Learning()
     params = [p for _, p in named]
     every = list(named) + list(extra)
-    optimizer = _make_optimizer(index, config.optimizer, [n for n, _ in every], [p for _, p in every])
+    names = [config.model_name(index, n) for n, _ in named] + [n for n, _ in extra]
+    optimizer = _make_optimizer(index, config.optimizer, names, [p for _, p in every])
     given_lrs = tuple(group["lr"] for group in optimizer.param_groups)
     tau = delay(index, config.depth)
     chosen = chosen_compensation(config.compensation, optimizer)
@@ -183,11 +185,12 @@ def make_learning(
 def _make_optimizer(
     index: int, factory: OptimizerFactory, names: list[str], params: list[nn.Parameter]
 ) -> torch.optim.Optimizer:
-    """``factory``'s optimizer of stage ``index``'s trainable parameters, checked (see the module)."""
+    """``factory``'s optimizer of stage ``index``'s trainable parameters, handed to it as
+    ``(name, parameter)`` pairs under the model's own ``names``, checked (see the module)."""
     named = list(zip(names, params))
     optimizer = call_factory(
         factory,
-        params,
+        named,
         f"stage {index}: the optimizer factory, called on its {len(params)} trainable parameters "
         f"({shapes_listed(named)}),",
         f"stage {index} cannot learn",
@@ -253,7 +256,7 @@ def check_scheduler_factory(
     if factory is None or optimizer is None or not named:
         return
     # Copies, so that nothing either factory does (an lr set, a hook) reaches the model.
-    copies = [nn.Parameter(p.detach().clone()) for _, p in named]
+    copies = [(name, nn.Parameter(p.detach().clone())) for name, p in named]
     make_scheduler("the pipeline's trial", factory, optimizer(copies))
 
 

@@ -75,6 +75,10 @@ class Stage:
     makes its scheduler of that optimizer (``lr_scheduler``), stepped after each step; with
     ``config.max_grad_norm`` each step's gradient is clipped to that norm over the stage's own
     parameters (the loss's too, at the last stage).
+
+    A stage before the first with something to train (``config.first_trained``: the layers before
+    are frozen) runs its forwards without a graph, keeps nothing for a gradient and takes none
+    (``takes_gradient`` is False); the first such stage sends no gradient back (``sends_gradient``).
     """
 
     def __init__(self, index: int, module: nn.Module, config: StageConfig, device: str | torch.device = "cpu"):
@@ -92,6 +96,10 @@ class Stage:
         loss_named = trainable(self._loss_module, LOSS_PREFIX) if config.learning else []
         self._loss_params = [p for _, p in loss_named]
         self._learning = make_learning(index, config, named, loss_named)  # its optimizer and compensation
+        # a stage before every one with something to train runs its forwards as in inference: no
+        # graph, no gradient; the first such stage needs no gradient w.r.t. its input
+        self.takes_gradient = config.takes_gradient(index)
+        self.sends_gradient = config.sends_gradient(index)
         self.optimizer = self._learning.optimizer
         self.lr_scheduler = self._learning.scheduler
         # graph-stash: a delayed stage's forwards keep their graphs across its steps (the last
@@ -130,7 +138,7 @@ class Stage:
         """Run sample ``sample`` forward; returns the output, detached, for the next stage."""
         self.phase = "forward"
         value = to_device(value, self.device)
-        if not self.config.learning:
+        if not self.takes_gradient:
             with torch.no_grad(), self._drawing(), self._autocasting():
                 return self.module(value)
         tensors = as_tensors(value, self._input_name)
@@ -281,7 +289,7 @@ class Stage:
 
     def _leaf(self, t: Tensor) -> Tensor:
         leaf = t.detach()
-        if self.index > 0 and is_float(leaf):
+        if self.sends_gradient and is_float(leaf):
             leaf.requires_grad_()
         return leaf
 
@@ -399,7 +407,7 @@ class Stage:
                 own = unshared(own, found[len(learnt) :] + (grads or ()))
             self._learning.step_for(sample, self._params + self._loss_params, own)
             self._drop_stale_graphs()
-        if self.index == 0:
+        if not self.sends_gradient:
             return None
         from_autograd = iter(found[len(learnt) :])
         input_grads = []

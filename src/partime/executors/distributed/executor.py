@@ -116,6 +116,8 @@ class DistributedExecutor(Driver):
             resumed=state is not None,
             random_state=None if config.random_state is None else config.random_state.numpy().tobytes(),
             modes=tuple(modes_of(s) for s in self.stages),
+            first_trained=config.first_trained,
+            parameter_names=config.parameter_names,
         )
         if state is not None:
             for r in range(1, depth):

@@ -34,6 +34,8 @@ class Plan:
     resumed: bool = False  # each rank's ``stage_resume`` is in the store, under "resume <rank>"
     random_state: bytes | None = None  # rank 0's random state when its pipeline was made: every stage's origin
     modes: tuple[tuple[tuple[str, bool], ...], ...] = ()  # every stage's modules: names and train() or eval()
+    first_trained: int = 0  # the first stage with something to train (``StageConfig.first_trained``)
+    parameter_names: tuple[dict[str, str], ...] = ()  # the model's names of every stage's parameters
 
 
 def state_specs(module: nn.Module) -> tuple[tuple[str, TensorSpec], ...]:

@@ -51,7 +51,13 @@ def serve(rank: int, model: nn.Sequential, config: StageConfig, threads: int) ->
         raise
     run.store.add(run.prefix + "ready", 1)
     origin = None if plan.random_state is None else torch.frombuffer(bytearray(plan.random_state), dtype=torch.uint8)
-    config = replace(config, supervised=plan.config["supervised"], random_state=origin)
+    config = replace(
+        config,
+        supervised=plan.config["supervised"],
+        random_state=origin,
+        first_trained=plan.first_trained,
+        parameter_names=plan.parameter_names,
+    )
     loaded, permits, ticks = threading.Event(), Permits(0), threading.Semaphore(0)
     granted = done = 0
     # Ungated in inference, a stage may be up to ``rank`` ticks ahead of the tick a checkpoint
