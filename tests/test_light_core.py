@@ -38,7 +38,7 @@ def test_importing_and_running_the_core_loads_none_of_the_tools_packages() -> No
 
 def test_the_installed_distribution_requires_only_torch_numpy_and_cloudpickle() -> None:
     requires = importlib.metadata.requires("partime") or []
-    # A requirement is its name, then a version, extras or a marker: "torch>=2.2", "rich>=13.0; extra == 'tools'".
+    # A requirement is its name, then a version, extras or a marker: "torch>=2.6", "rich>=13.0; extra == 'tools'".
     core = {re.split(r"[^A-Za-z0-9_.-]", r, maxsplit=1)[0].lower() for r in requires if "extra ==" not in r}
     assert core == {"torch", "numpy", "cloudpickle"}, requires
 
