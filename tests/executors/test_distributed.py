@@ -73,6 +73,26 @@ def tuple_model():
     return nn.Sequential(nn.Linear(6, 5), Pair(), Join(), nn.Linear(10, 4))
 
 
+def frozen(model, *layers):
+    """``model`` with the parameters of its ``layers`` frozen."""
+    for k in layers:
+        model[k].requires_grad_(False)
+    return model
+
+
+def adamw_by_name(named):
+    """Weight decay on the weights alone, chosen by the parameters' names."""
+    named = list(named)
+    decayed = [p for n, p in named if n.endswith("weight")]
+    return torch.optim.AdamW(
+        [{"params": decayed, "weight_decay": 0.1}, {"params": [p for n, p in named if not n.endswith("weight")]}],
+        lr=1e-2,
+    )
+
+
+FROZEN = {"head only": (0, 2, 4), "middle frozen": (2, 4)}  # mlp()'s layers frozen in each
+
+
 def learning(grad_mode):
     return dict(loss_fn=nn.CrossEntropyLoss(), optimizer=OPTIMIZERS[LEARNING[grad_mode]], grad_mode=grad_mode)
 
@@ -206,6 +226,9 @@ def rank_main(scenario, out):
             seen[grad_mode] = run("distributed", mlp(), BALANCES[depth], xs, ys, **learning(grad_mode))
         seen["compensated"] = run("distributed", mlp(), BALANCES[depth], xs, ys, **COMPENSATED)
         seen["optimizer-aware"] = run("distributed", mlp(), BALANCES[depth], xs, ys, **OPTIMIZER_AWARE)
+        for name, layers in FROZEN.items():
+            kw = dict(loss_fn=nn.CrossEntropyLoss(), optimizer=adamw_by_name)
+            seen[name] = run("distributed", frozen(mlp(), *layers), BALANCES[depth], xs, ys, **kw)
         seen["tuple"] = run(
             "distributed",
             tuple_model(),
@@ -368,6 +391,15 @@ def test_learning_matches_inline(ranks, grad_mode):
     xs, ys = classification_stream(SAMPLES)
     assert_same(seen[grad_mode], run("inline", mlp(), BALANCES[depth], xs, ys, **learning(grad_mode)))
     assert not torch.equal(seen[grad_mode][1][0], next(mlp().parameters()))  # it learnt
+
+
+@pytest.mark.parametrize("name", list(FROZEN))
+def test_frozen_layers_and_parameter_groups_by_name_learn_as_inline_does(ranks, name):
+    depth, seen = ranks
+    xs, ys = classification_stream(SAMPLES)
+    kw = dict(loss_fn=nn.CrossEntropyLoss(), optimizer=adamw_by_name)
+    assert_same(seen[name], run("inline", frozen(mlp(), *FROZEN[name]), BALANCES[depth], xs, ys, **kw))
+    assert torch.equal(seen[name][1][4], mlp()[4].weight)  # a frozen layer stays as it was
 
 
 def test_staleness_compensation_matches_inline(ranks):
