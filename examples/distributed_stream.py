@@ -56,8 +56,8 @@ def conv_net(blocks: int = 6, channels: int = 32, classes: int = 3) -> nn.Sequen
     return nn.Sequential(*layers, nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(channels, classes)))
 
 
-def optimizer(params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
-    """Every stage's optimizer: SGD with momentum."""
+def optimizer(params: Iterable[tuple[str, nn.Parameter]]) -> torch.optim.Optimizer:
+    """Every stage's optimizer: SGD with momentum, of the stage's (name, parameter) pairs."""
     return torch.optim.SGD(params, lr=1e-3, momentum=0.9)
 
 

@@ -94,8 +94,9 @@ class Pipeline:
     :param loss_fn: the loss, ``(output, target) -> scalar tensor`` or ``(output) -> scalar
         tensor``, such as ``nn.MSELoss()``; None (the default) for inference. See
         docs/guides/learning.md.
-    :param optimizer: a factory ``params -> torch.optim.Optimizer``, called once per stage; None
-        (the default) for inference. See docs/guides/learning.md.
+    :param optimizer: a factory ``params -> torch.optim.Optimizer``, called once per stage with
+        the stage's trainable parameters as ``(name, parameter)`` pairs under the model's own
+        names (frozen ones left out); None (the default) for inference. See docs/guides/learning.md.
     :param lr_scheduler: a factory ``optimizer -> LRScheduler``, stepped after each step of each
         stage's optimizer; None (the default) for none. See docs/guides/learning.md.
     :param max_grad_norm: the norm each stage clips its gradient to before it steps, a finite

@@ -36,6 +36,8 @@ NONFINITE: tuple[NonfinitePolicy, ...] = ("raise", "skip")
 SCHEDULER_EXAMPLE = "lambda opt: torch.optim.lr_scheduler.StepLR(opt, step_size=100, gamma=0.5)"
 
 OptimizerFactory = Callable[[Any], torch.optim.Optimizer]
+"""What ``optimizer=`` takes: called once per stage with the stage's trainable parameters, a list
+of ``(name, parameter)`` pairs under the model's own names (as ``model.named_parameters()`` gives them)."""
 SchedulerFactory = Callable[[torch.optim.Optimizer], torch.optim.lr_scheduler.LRScheduler]
 LossFn = Callable[..., Tensor]
 
