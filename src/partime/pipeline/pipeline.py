@@ -15,7 +15,7 @@ import itertools
 import logging
 import os
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
@@ -264,6 +264,7 @@ class Pipeline:
         nonfinite: NonfinitePolicy = "raise",
         timeout: float | None = TIMEOUT_S,
         autocast: torch.dtype | None = None,
+        compile: bool | Mapping[str, Any] = False,  # torch.compile's name, as users know it
     ):
         # What partime runs for itself here (traces, probes, timing) draws nothing from the caller's
         # random stream; the stages start from it (SPEC.md, "Random and stateful layers").
@@ -272,7 +273,7 @@ class Pipeline:
             self._pid = os.getpid()
             self._status: str = "new"  # new -> open -> closed
             self._executor: Executor | None = None
-            check_plain_model(model)  # a torch.compile'd module hides the layers to split
+            check_plain_model(model)  # a compiled module's forward would never run: compile= compiles each stage's
             # the pipeline's own copy: the caller's model is never changed
             self._root = copy.deepcopy(model) if isinstance(model, nn.Module) else model
             if isinstance(model, nn.Module):
@@ -305,6 +306,7 @@ class Pipeline:
                 sample=sample,
                 compensation=compensation,
                 autocast=autocast,
+                compile=compile,
                 # "auto" weighs a pipeline against the model as its user runs it: the module itself
                 plain=self._root if layers is self._root else ModelCall(self._root, self._traced_forward),
                 running=functools.partial(
@@ -342,6 +344,7 @@ class Pipeline:
                 lr_scheduler=lr_scheduler,
                 max_grad_norm=None if max_grad_norm is None else float(max_grad_norm),
                 autocast=autocast,
+                compile=args.compile,
             )
             learnt = trainable(layers) + trainable(loss_fn, LOSS_PREFIX)
             check_optimizer_factory(optimizer, self._config.compensation, learnt)

@@ -53,6 +53,7 @@ class StageConfig:
     lr_scheduler: SchedulerFactory | None = None  # optimizer -> LRScheduler, stepped after each step
     max_grad_norm: float | None = None  # each stage clips its gradient to this norm before it steps
     autocast: torch.dtype | None = None  # every stage's forward (and the loss) under torch.autocast of this dtype
+    compile: dict[str, Any] | None = None  # torch.compile's keyword arguments for each stage's forward; None: eager
 
     @property
     def learning(self) -> bool:
