@@ -118,6 +118,9 @@ class Pipeline:
     :param autocast: None (the default: full precision) or a floating dtype, ``torch.bfloat16`` or
         ``torch.float16``, that every stage's forward and the loss run under ``torch.autocast``
         of, on every executor. See docs/guides/mixed-precision.md.
+    :param compile: False (the default), True, or a dict of ``torch.compile``'s keyword arguments
+        (``mode``, ``backend``, ``dynamic``, ``fullgraph``, ``options``): each stage's forward runs
+        through ``torch.compile`` of its module, compiled in its worker. See docs/guides/compile.md.
     :raises ValueError: an argument out of its range or set (naming the value and the choices), a
         device this machine does not have, or ``lr_scheduler``/``max_grad_norm`` without
         ``optimizer``.
@@ -177,8 +180,19 @@ class Pipeline:
     has the dtype the stage emits (bf16 out of a Linear under bf16). A dtype torch cannot autocast to
     on a stage's device raises a ValueError. Do not open an autocast around ``step`` or ``stream``
     yourself: it would reach some stages and not others, so it raises a RuntimeError, before
-    anything is fed. A ``torch.compile``'d model raises a TypeError: pass the plain one
-    (``model._orig_mod``); compiling each stage is not offered yet.
+    anything is fed.
+
+    ``compile`` (False, the default; True; or a dict of ``torch.compile``'s keyword arguments, such
+    as ``{"mode": "max-autotune"}`` or ``{"backend": "aot_eager"}``) runs each stage's forward
+    through ``torch.compile(stage_module, **compile)``, made in the stage's worker and compiled there,
+    at the stage's thread count, on its first call: in a stage process's warm-up, before the first
+    tick, elsewhere at the first tick. Every sample has the first one's shapes, so ``dynamic=False``
+    unless the dict says otherwise: each stage compiles once, and no tick compiles again. The loss,
+    the backward and the step are the same code as without it; every grad mode, compensation,
+    ``autocast`` and inference work compiled, and compute what the uncompiled pipeline computes
+    within float rounding. The layers are timed for ``balance`` uncompiled. A model compiled
+    already (``torch.compile(model)``, ``model.compile()``) raises a TypeError that names
+    ``compile=``: the pipeline runs the stages' forwards, never the model's.
 
     ``nonfinite`` says what becomes of a sample whose input or loss holds NaN or an infinity:
     ``"raise"`` (the default) refuses a non-finite input with a ValueError before it is fed (the
