@@ -194,3 +194,28 @@ def test_no_tick_compiles_again(executor, grad_mode, compile):
         expected = run(False, 2, executor, grad_mode)
         got = run(True, 2, executor, grad_mode)
         assert close(got[0], expected[0], atol=1e-5) and close(got[2], expected[2], atol=1e-5)
+
+
+def test_a_checkpoint_of_compiled_stages_goes_on_as_they_would():
+    def pipeline():
+        return partime.Pipeline(mlp(), [3, 4], executor="inline", loss_fn=MSE, optimizer=sgd, threads=1, compile=AOT)
+
+    with pipeline() as whole:
+        expected = [r.loss for r in whole.stream(XS, YS)]
+    with pipeline() as first:
+        losses = [r.loss for r in (first.step(x, y) for x, y in zip(XS[:5], YS[:5])) if r is not None]
+        state = first.state_dict()
+    with pipeline() as second:
+        second.load_state_dict(state)
+        losses += [r.loss for r in second.stream(XS[5:], YS[5:])]
+    assert losses == pytest.approx(expected, rel=1e-6)
+
+
+def test_more_stages_than_dynamo_keeps_in_one_process_warn(caplog):
+    deep = nn.Sequential(*[nn.Linear(4, 4) for _ in range(10)])
+    limit = torch._dynamo.config.recompile_limit
+    with caplog.at_level("WARNING", logger="partime"):
+        partime.Pipeline(deep, limit + 1, executor="inline", compile=AOT)
+        partime.Pipeline(deep, limit + 1, executor="process", compile=AOT)  # a process per stage
+    warned = [r.getMessage() for r in caplog.records if "recompile_limit" in r.getMessage()]
+    assert len(warned) == 1 and f"compile= with {limit + 1} stages in one process (inline executor)" in warned[0]
