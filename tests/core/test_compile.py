@@ -17,6 +17,7 @@ from torch import nn
 from torch._dynamo.utils import counters
 
 import partime
+from partime.pipeline.argument_checks import check_no_cuda_graphs
 
 MSE = nn.MSELoss()
 AOT = {"backend": "aot_eager"}
@@ -219,3 +220,11 @@ def test_more_stages_than_dynamo_keeps_in_one_process_warn(caplog):
         partime.Pipeline(deep, limit + 1, executor="process", compile=AOT)  # a process per stage
     warned = [r.getMessage() for r in caplog.records if "recompile_limit" in r.getMessage()]
     assert len(warned) == 1 and f"compile= with {limit + 1} stages in one process (inline executor)" in warned[0]
+
+
+@pytest.mark.parametrize("options", [{"mode": "reduce-overhead"}, {"options": {"triton.cudagraphs": True}}])
+def test_cuda_graphs_are_refused_on_cuda_and_taken_on_the_cpu(options):
+    with pytest.raises(ValueError, match=r"replays CUDA graphs .* compile=\{'mode': 'max-autotune-no-cudagraphs'\}"):
+        check_no_cuda_graphs({**options, "dynamic": False}, ["cpu", "cuda:0"])
+    check_no_cuda_graphs(options, ["cpu", "cpu"])  # inductor replays none on the CPU
+    assert partime.Pipeline(mlp(), 2, executor="inline", compile=options).depth == 2

@@ -81,8 +81,8 @@ def check_arguments(
 ) -> Arguments:
     """``Pipeline``'s arguments, checked in the order they are documented: a ValueError (or the
     error of ``check_balance``, ``executor_class``, ``check_loss_fn``,
-    ``check_schedule_and_clipping``, ``check_devices``, ``compile_options``) for the first that does
-    not fit. Logs a warning when the stages will share this host's cores, or, compiled, dynamo's
+    ``check_schedule_and_clipping``, ``check_devices``, ``compile_options``, ``check_no_cuda_graphs``)
+    for the first that does not fit. Logs a warning when the stages will share this host's cores, or, compiled, dynamo's
     cache (``warn_compile_room``).
 
     ``devices`` is one device (a string or a ``torch.device``) for every stage, or one per stage;
@@ -148,6 +148,7 @@ def check_arguments(
     check_available(checked_devices)
     check_autocast_supported(autocast, checked_devices)
     if compiled is not None:
+        check_no_cuda_graphs(compiled, checked_devices)
         warn_compile_room(cls, depth)
     if cls.on_this_host and depth > (os.cpu_count() or 1):
         log.warning(
@@ -225,6 +226,25 @@ def compile_options(compile: Any) -> dict[str, Any] | None:
     except Exception as exc:  # whatever torch.compile refuses, said with the arguments
         raise ValueError(f"torch.compile refuses compile={dict(compile)!r}: {type(exc).__name__}: {exc}") from exc
     return options
+
+
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
+"""The modes of ``torch.compile`` that replay CUDA graphs on a CUDA device."""
+
+
+def check_no_cuda_graphs(options: dict[str, Any], devices: Sequence[str]) -> None:
+    """A ValueError if ``options`` would have a stage on a CUDA device replay CUDA graphs (a mode of
+    ``CUDA_GRAPH_MODES``, or ``options={"triton.cudagraphs": True}``): a replay writes its outputs
+    into the buffers of the one before, while a pipeline holds a stage's outputs until the next
+    stage takes them, and, learning, its graphs for late gradients, across ticks. On the CPU
+    inductor replays none, and these modes are taken."""
+    graphs = options.get("mode") in CUDA_GRAPH_MODES or bool((options.get("options") or {}).get("triton.cudagraphs"))
+    if graphs and any(torch.device(d).type == "cuda" for d in devices):
+        raise ValueError(
+            f"compile={options!r} replays CUDA graphs on the stages' CUDA devices, and each replay writes its "
+            "outputs over the last one's, which the pipeline still holds (for the next stage, and for a late "
+            "gradient); choose a mode without them: compile={'mode': 'max-autotune-no-cudagraphs'} or True"
+        )
 
 
 def warn_compile_room(cls: type[Executor], depth: int) -> None:

@@ -190,7 +190,8 @@ class Pipeline:
     unless the dict says otherwise: each stage compiles once, and no tick compiles again. The loss,
     the backward and the step are the same code as without it; every grad mode, compensation,
     ``autocast`` and inference work compiled, and compute what the uncompiled pipeline computes
-    within float rounding. The layers are timed for ``balance`` uncompiled. A model compiled
+    within float rounding. A mode that replays CUDA graphs on a CUDA stage (``"reduce-overhead"``)
+    raises a ValueError. The layers are timed for ``balance`` uncompiled. A model compiled
     already (``torch.compile(model)``, ``model.compile()``) raises a TypeError that names
     ``compile=``: the pipeline runs the stages' forwards, never the model's.
 
