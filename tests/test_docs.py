@@ -111,6 +111,10 @@ def test_the_mixed_precision_guide_runs(tmp_path):
     ]
 
 
+def test_the_compile_guide_runs(tmp_path):
+    assert run_page(DOCS / "guides" / "compile.md", tmp_path) == ["40 True", "TypeError True"]
+
+
 def test_the_compensation_guide_runs(tmp_path):
     assert run_page(DOCS / "guides" / "compensation.md", tmp_path) == ["auto 20", "('step-scale',) 20", "() 20"]
 
@@ -153,7 +157,7 @@ def test_the_traced_models_guide_runs(tmp_path):
 
 
 TESTED_PAGES = {"index", "tick", "learning", "compensation", "executors", "live-sources", "video", "checkpoints"}
-TESTED_PAGES |= {"troubleshooting", "traced-models", "mixed-precision"}
+TESTED_PAGES |= {"troubleshooting", "traced-models", "mixed-precision", "compile"}
 
 
 def test_every_page_with_an_example_is_run():

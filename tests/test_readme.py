@@ -81,7 +81,7 @@ def test_every_link_to_a_file_of_the_repository_leads_to_one() -> None:
 # features before they are built, and the copy grows with the feature that implements it.
 SPEC_DIFFERENCES = {
     "Forward (inference and learning)": "autocast=: every stage's forward and the loss under torch.autocast of "
-    "that dtype, the same on every executor",
+    "that dtype, the same on every executor; compile=: every stage's forward through torch.compile",
     "Learning: loss and backward": "graph-stash, a fourth grad mode, is the default: one forward per sample "
     "(docs/guides/learning.md), and as weight-stash in a stage with normalisation layers; each stage's lr "
     "schedule and gradient clipping (its own norm) act on its own steps; stages before the first that trains take no "

@@ -66,6 +66,11 @@ def print_bench(
         f"{os.cpu_count()} cores; batch-1 frames 3x{size}x{size}; a stem and {layers} blocks of 5x5 conv "
         f"(32 channels) + ReLU; median over 5 blocks of {samples} samples"
     )
+    if any(row.get("compiled") for row in rows):
+        console.print(
+            "sequential compiled: torch.compile(model, dynamic=False) in the plain loop; compile=True: each stage's "
+            "forward compiled in its worker; compiling falls in the warm-up; speed-ups are over the uncompiled model"
+        )
     busy = max([first.get("hop_others_busy") or 0.0] + [row["others_busy"] or 0.0 for row in rows])
     _close(console, rows, json_path, busy, "up to", " (column 'others'): the rows where they did are skewed")
 
@@ -79,6 +84,8 @@ def bench_table(rows: list[dict]) -> Table:
         )
     for row in rows:
         run = row["executor"] if row["depth"] == 0 else f"D={row['depth']} {row['executor']}"
+        if row["depth"] and row.get("compiled"):
+            run += " compile=True"
         stage = f"{row['max_stage_ms']:.2f}" if row.get("max_stage_ms") is not None else ""
         others = "?" if row["others_busy"] is None else f"{row['others_busy']:.0%}"
         table.add_row(

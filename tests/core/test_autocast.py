@@ -1,7 +1,7 @@
 """Mixed precision: ``Pipeline(autocast=dtype)`` runs every stage's forward and the loss under
 ``torch.autocast``; at D = 1 that is a plain loop with autocast around forward and loss, to the
-bit; every executor computes what inline does; the caller's own autocast and a compiled model
-are refused with the fix."""
+bit; every executor computes what inline does; the caller's own autocast is refused with the fix
+(a compiled model and autocast compiled: test_compile)."""
 
 import pytest
 import torch
@@ -122,14 +122,6 @@ def test_the_callers_own_autocast_is_refused_before_anything_is_fed(executor, le
                 next(iter(pipe.stream(XS[1:3], YS[1:3] if learning else None)))
             assert pipe.fed == 1
         assert len(pipe.flush()) == 1  # the pipeline stays usable outside it
-
-
-def test_a_compiled_model_is_refused_with_the_plain_one_named():
-    compiled = torch.compile(mlp())
-    with pytest.raises(TypeError, match=r"torch.compile'd module .*model._orig_mod.*not offered yet"):
-        partime.Pipeline(compiled, 2, executor="inline")
-    with partime.Pipeline(compiled._orig_mod, 2, executor="inline") as pipe:  # the fix works
-        assert pipe.step(XS[0]) is None
 
 
 @pytest.mark.parametrize("value", ["bf16", torch.int8, 16, True])

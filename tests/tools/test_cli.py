@@ -9,10 +9,11 @@ import torch
 from click.testing import CliRunner
 
 from partime_tools.bench.models import conv_net
-from partime_tools.bench.runner import median_ms
+from partime_tools.bench.runner import median_ms, run_bench
 from partime_tools.cli import main
 from partime_tools.demo.learning import DEPTH, LEARNERS, LR, MARKS, digits_convnet
 from partime_tools.demo.recorded import blob_video, run_demo
+from partime_tools.report import bench_table
 
 
 def positive(x):
@@ -76,6 +77,7 @@ def test_bench_refuses_options_that_do_not_go_together():
         ("--sizes", "8", "--executor", "inline"): "the sweep's pipelines run on process, thread, not inline",
         ("--sizes", "8,0"): "give one or more frame sizes of at least 1",
         ("--sizes", "--depths", "11"): "depths go up to 9",
+        ("--sizes", "8", "--compile"): "goes with the plain bench only",
     }
     for args, message in refusals.items():
         result = CliRunner().invoke(main, ["bench", *args])
@@ -164,3 +166,19 @@ def test_blob_video_moves_smoothly_through_every_quadrant():
 def test_median_ms_is_the_median_block():
     stamps = [0.0, 1.0, 2.0, 3.0, 5.0, 6.0, 16.0]  # warm-up 1, then blocks of 1, 1, 2, 1, 10 s
     assert median_ms(stamps, 1, 5) == 1000.0
+
+
+def test_bench_compile_adds_the_compiled_model_and_compiled_pipelines():
+    rows = run_bench(
+        executor="inline", samples=5, warmup=3, depths=(1,), size=8, layers=1, modes=("inference",), compile=True
+    )
+    runs = [(r["executor"], r["depth"], r["compiled"]) for r in rows]
+    plain = [run for run in runs if not run[2]]
+    assert [run for run in runs if run[2]] == [
+        (name.replace("sequential", "sequential compiled"), depth, True) for name, depth, _ in plain
+    ]
+    assert plain[0] == ("sequential (1 thr)", 0, False) and plain[-1] == ("inline", 1, False)
+    assert all(positive(r["ms_per_sample"]) and positive(r["speedup_vs_seq_1thread"]) for r in rows)
+    assert "D=1 inline compile=True" in "".join(
+        str(cell) for column in bench_table(rows).columns for cell in column.cells
+    )

@@ -69,6 +69,10 @@ class Executor(ABC):
     on_this_host: ClassVar[bool] = False
     """Whether its workers share this machine's cores (more stages than cores is then worth a warning)."""
 
+    shares_process: ClassVar[bool] = False
+    """Whether it runs every stage in the caller's process (they then share torch's caches: dynamo's
+    compiled forwards among them)."""
+
     child_processes: ClassVar[bool] = False
     """Whether its workers are child processes of the caller (SIGTERM then closes the pipeline:
     ``partime.pipeline.sigterm``)."""

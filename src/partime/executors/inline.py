@@ -41,6 +41,7 @@ class InlineExecutor(Executor):
     """Runs each tick of the schedule in the calling thread."""
 
     checkpoints = True
+    shares_process = True
     _acts: list[Passed | None]  # into stage i, sent at tick - 1
     _grads: list[Passed | None]  # into stage i, from stage i + 1
     _targets: dict[int, Any]

@@ -9,10 +9,11 @@ once every other argument has passed, it plans the partition (``planner.plan``) 
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
@@ -47,6 +48,8 @@ class Arguments:
     timeout: float | None
     partition: Partition | None = None
     """The partition that ``balance="auto"`` chose; None for any other balance."""
+    compile: dict[str, Any] | None = None
+    """The keyword arguments of ``torch.compile`` each stage compiles its forward with; None: none."""
 
 
 def stage_threads(depth: int, threads: int | None) -> int:
@@ -74,11 +77,13 @@ def check_arguments(
     running: Callable[[Partition], AbstractContextManager[Iterator[Any]]] | None = None,
     plain: nn.Module | None = None,
     autocast: torch.dtype | None = None,
+    compile: Any = False,  # Pipeline's argument, torch.compile's name
 ) -> Arguments:
     """``Pipeline``'s arguments, checked in the order they are documented: a ValueError (or the
     error of ``check_balance``, ``executor_class``, ``check_loss_fn``,
-    ``check_schedule_and_clipping``, ``check_devices``) for the first that does not fit. Logs a
-    warning when the stages will share this host's cores.
+    ``check_schedule_and_clipping``, ``check_devices``, ``compile_options``, ``check_no_cuda_graphs``)
+    for the first that does not fit. Logs a warning when the stages will share this host's cores, or, compiled, dynamo's
+    cache (``warn_compile_room``).
 
     ``devices`` is one device (a string or a ``torch.device``) for every stage, or one per stage;
     each must be a device torch knows (a ValueError naming it otherwise) and one this machine has
@@ -108,6 +113,7 @@ def check_arguments(
     check_loss_fn(loss_fn)
     check_schedule_and_clipping(optimizer, lr_scheduler, max_grad_norm)
     check_autocast_dtype(autocast)
+    compiled = compile_options(compile)
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
         raise ValueError(f"threads must be a whole number of at least 1, got {threads!r}")
     if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0):
@@ -141,6 +147,9 @@ def check_arguments(
     checked_devices = cls.check_devices(per_stage, depth)
     check_available(checked_devices)
     check_autocast_supported(autocast, checked_devices)
+    if compiled is not None:
+        check_no_cuda_graphs(compiled, checked_devices)
+        warn_compile_room(cls, depth)
     if cls.on_this_host and depth > (os.cpu_count() or 1):
         log.warning(
             "%d stages on %d cores: stages will share cores, and the pipeline will not run %d times faster",
@@ -155,17 +164,105 @@ def check_arguments(
         threads=stage_threads(depth, threads),
         timeout=None if timeout is None else float(timeout),
         partition=partition,
+        compile=compiled,
     )
 
 
 def check_plain_model(model: Any) -> None:
-    """A TypeError if ``model`` was made by ``torch.compile`` (it holds the module it compiled as
-    ``_orig_mod``): a pipeline splits the plain module into stages, which a compiled one hides."""
-    if isinstance(model, nn.Module) and hasattr(model, "_orig_mod"):
+    """A TypeError if ``model`` was compiled: made by ``torch.compile`` (it holds the module it
+    compiled as ``_orig_mod``), or compiled in place by ``model.compile()``. A pipeline splits the
+    plain module into stages and runs their forwards itself, so it would never run the compiled
+    forward: the message names ``Pipeline(compile=...)``, which compiles each stage's."""
+    if not isinstance(model, nn.Module):
+        return
+    if hasattr(model, "_orig_mod"):
         raise TypeError(
-            f"model is a torch.compile'd module ({type(model).__name__}); pass the plain model it compiled "
-            "(model._orig_mod): a pipeline splits the module into stages and runs their forwards itself, "
-            "and compiling each stage is not offered yet"
+            f"model is a torch.compile'd module ({type(model).__name__}), whose compiled forward a pipeline "
+            "would never run: it splits the plain module into stages and runs their forwards itself. Pass "
+            "the plain model (model._orig_mod) and compile=True, which compiles each stage's forward in its "
+            "worker (or compile={'mode': ..., 'backend': ...}: torch.compile's keyword arguments)"
+        )
+    if getattr(model, "_compiled_call_impl", None) is not None:
+        raise TypeError(
+            f"model.compile() was called on the model ({type(model).__name__}), whose compiled forward a "
+            "pipeline would never run: it splits the module into stages and runs their forwards itself. "
+            "Pass a model that was not compiled and compile=True, which compiles each stage's forward in "
+            "its worker (or compile={'mode': ..., 'backend': ...}: torch.compile's keyword arguments)"
+        )
+
+
+COMPILE_DEFAULTS: dict[str, Any] = {"dynamic": False}
+"""What a stage compiles with unless ``compile=`` says otherwise: every sample has the shapes of the
+first (a stage's input has its boundary's layout), so each stage compiles once, for those shapes,
+and a stage's shapes never make dynamo compile another's forward with dynamic shapes."""
+
+
+def compile_options(compile: Any) -> dict[str, Any] | None:
+    """The keyword arguments of ``torch.compile`` that each stage compiles its forward with, from
+    ``Pipeline(compile=...)``: None for False (nothing compiled); ``COMPILE_DEFAULTS`` for True;
+    for a mapping of ``torch.compile``'s keyword arguments (``mode``, ``backend``, ``dynamic``,
+    ``fullgraph``, ``options``), those over ``COMPILE_DEFAULTS``. A TypeError for anything else, a
+    ValueError for a name ``torch.compile`` does not take or values it refuses (tried here, on a
+    module of no layers: torch.compile compiles nothing until it is called)."""
+    if compile is False or compile is None:
+        return None
+    if compile is True:
+        return dict(COMPILE_DEFAULTS)
+    if not isinstance(compile, Mapping):
+        raise TypeError(
+            f"compile must be True, False or a dict of torch.compile's keyword arguments (e.g. "
+            f"compile={{'mode': 'max-autotune'}}); got {type(compile).__name__} {compile!r}"
+        )
+    known = [name for name in inspect.signature(torch.compile).parameters if name != "model"]
+    unknown = [name for name in compile if name not in known]
+    if unknown:
+        raise ValueError(
+            f"compile= takes torch.compile's keyword arguments ({', '.join(known)}); {unknown[0]!r} is "
+            f"none of them (the model is the pipeline's: each stage compiles its own forward)"
+        )
+    options = {**COMPILE_DEFAULTS, **compile}
+    try:
+        torch.compile(nn.Identity(), **options)
+    except Exception as exc:  # whatever torch.compile refuses, said with the arguments
+        raise ValueError(f"torch.compile refuses compile={dict(compile)!r}: {type(exc).__name__}: {exc}") from exc
+    return options
+
+
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
+"""The modes of ``torch.compile`` that replay CUDA graphs on a CUDA device."""
+
+
+def check_no_cuda_graphs(options: dict[str, Any], devices: Sequence[str]) -> None:
+    """A ValueError if ``options`` would have a stage on a CUDA device replay CUDA graphs (a mode of
+    ``CUDA_GRAPH_MODES``, or ``options={"triton.cudagraphs": True}``): a replay writes its outputs
+    into the buffers of the one before, while a pipeline holds a stage's outputs until the next
+    stage takes them, and, learning, its graphs for late gradients, across ticks. On the CPU
+    inductor replays none, and these modes are taken."""
+    graphs = options.get("mode") in CUDA_GRAPH_MODES or bool((options.get("options") or {}).get("triton.cudagraphs"))
+    if graphs and any(torch.device(d).type == "cuda" for d in devices):
+        raise ValueError(
+            f"compile={options!r} replays CUDA graphs on the stages' CUDA devices, and each replay writes its "
+            "outputs over the last one's, which the pipeline still holds (for the next stage, and for a late "
+            "gradient); choose a mode without them: compile={'mode': 'max-autotune-no-cudagraphs'} or True"
+        )
+
+
+def warn_compile_room(cls: type[Executor], depth: int) -> None:
+    """A warning if the ``depth`` compiled stages of an executor that runs them all in one process
+    (``Executor.shares_process``) may pass dynamo's ``recompile_limit``: dynamo keeps the compiled
+    forwards of one function together (every ``nn.Sequential``'s), and a stage past the limit runs
+    uncompiled."""
+    limit = torch._dynamo.config.recompile_limit
+    if cls.shares_process and depth > limit:
+        log.warning(
+            "compile= with %d stages in one process (%s executor): dynamo keeps at most "
+            "torch._dynamo.config.recompile_limit = %d compiled forwards of one function, so stages past it may "
+            "run uncompiled; raise it (torch._dynamo.config.recompile_limit = %d) before the first sample, or "
+            "use executor='process', where each stage compiles in a process of its own",
+            depth,
+            cls.kind(),
+            limit,
+            depth,
         )
 
 

@@ -15,7 +15,7 @@ import itertools
 import logging
 import os
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
@@ -119,6 +119,9 @@ class Pipeline:
     :param autocast: None (the default: full precision) or a floating dtype, ``torch.bfloat16`` or
         ``torch.float16``, that every stage's forward and the loss run under ``torch.autocast``
         of, on every executor. See docs/guides/mixed-precision.md.
+    :param compile: False (the default), True, or a dict of ``torch.compile``'s keyword arguments
+        (``mode``, ``backend``, ``dynamic``, ``fullgraph``, ``options``): each stage's forward runs
+        through ``torch.compile`` of its module, compiled in its worker. See docs/guides/compile.md.
     :raises ValueError: an argument out of its range or set (naming the value and the choices), a
         device this machine does not have, or ``lr_scheduler``/``max_grad_norm`` without
         ``optimizer``.
@@ -178,8 +181,20 @@ class Pipeline:
     has the dtype the stage emits (bf16 out of a Linear under bf16). A dtype torch cannot autocast to
     on a stage's device raises a ValueError. Do not open an autocast around ``step`` or ``stream``
     yourself: it would reach some stages and not others, so it raises a RuntimeError, before
-    anything is fed. A ``torch.compile``'d model raises a TypeError: pass the plain one
-    (``model._orig_mod``); compiling each stage is not offered yet.
+    anything is fed.
+
+    ``compile`` (False, the default; True; or a dict of ``torch.compile``'s keyword arguments, such
+    as ``{"mode": "max-autotune"}`` or ``{"backend": "aot_eager"}``) runs each stage's forward
+    through ``torch.compile(stage_module, **compile)``, made in the stage's worker and compiled there,
+    at the stage's thread count, on its first call: in a stage process's warm-up, before the first
+    tick, elsewhere at the first tick. Every sample has the first one's shapes, so ``dynamic=False``
+    unless the dict says otherwise: each stage compiles once, and no tick compiles again. The loss,
+    the backward and the step are the same code as without it; every grad mode, compensation,
+    ``autocast`` and inference work compiled, and compute what the uncompiled pipeline computes
+    within float rounding. A mode that replays CUDA graphs on a CUDA stage (``"reduce-overhead"``)
+    raises a ValueError. The layers are timed for ``balance`` uncompiled. A model compiled
+    already (``torch.compile(model)``, ``model.compile()``) raises a TypeError that names
+    ``compile=``: the pipeline runs the stages' forwards, never the model's.
 
     ``nonfinite`` says what becomes of a sample whose input or loss holds NaN or an infinity:
     ``"raise"`` (the default) refuses a non-finite input with a ValueError before it is fed (the
@@ -265,6 +280,7 @@ class Pipeline:
         nonfinite: NonfinitePolicy = "raise",
         timeout: float | None = TIMEOUT_S,
         autocast: torch.dtype | None = None,
+        compile: bool | Mapping[str, Any] = False,  # torch.compile's name, as users know it
     ):
         # What partime runs for itself here (traces, probes, timing) draws nothing from the caller's
         # random stream; the stages start from it (SPEC.md, "Random and stateful layers").
@@ -273,7 +289,7 @@ class Pipeline:
             self._pid = os.getpid()
             self._status: str = "new"  # new -> open -> closed
             self._executor: Executor | None = None
-            check_plain_model(model)  # a torch.compile'd module hides the layers to split
+            check_plain_model(model)  # a compiled module's forward would never run: compile= compiles each stage's
             # the pipeline's own copy: the caller's model is never changed
             self._root = copy.deepcopy(model) if isinstance(model, nn.Module) else model
             if isinstance(model, nn.Module):
@@ -306,6 +322,7 @@ class Pipeline:
                 sample=sample,
                 compensation=compensation,
                 autocast=autocast,
+                compile=compile,
                 # "auto" weighs a pipeline against the model as its user runs it: the module itself
                 plain=self._root if layers is self._root else ModelCall(self._root, self._traced_forward),
                 running=functools.partial(
@@ -343,6 +360,7 @@ class Pipeline:
                 lr_scheduler=lr_scheduler,
                 max_grad_norm=None if max_grad_norm is None else float(max_grad_norm),
                 autocast=autocast,
+                compile=args.compile,
             )
             learnt = trainable(self._root) + trainable(loss_fn, LOSS_PREFIX)  # by the model's own names
             check_optimizer_factory(optimizer, self._config.compensation, learnt)

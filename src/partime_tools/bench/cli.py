@@ -190,6 +190,15 @@ def _advancing(bar: Progress, task: TaskID) -> Callable[[str], None]:
     "for stages of about 4 ms at D = 2, the size at which its sends between ranks pay off]",
 )
 @click.option(
+    "--compile",
+    "compile_",
+    is_flag=True,
+    default=False,
+    help="Also time the model compiled: torch.compile of the whole model in the plain loop, and each depth's "
+    "pipeline with compile=True (each stage's forward compiled in its worker); the compiling falls in the warm-up. "
+    "Without --sizes and --rate.",
+)
+@click.option(
     "--json",
     "json_path",
     type=click.Path(dir_okay=False, path_type=Path),
@@ -216,6 +225,7 @@ def bench(
     rounds: int | None,
     model: str | None,
     layers: int | None,
+    compile_: bool,
     json_path: Path | None,
     plot_path: Path | None,
 ) -> None:
@@ -236,6 +246,10 @@ def bench(
         )
     if grad_mode is not None and (sizes is None or infer):
         raise click.BadParameter("goes with --sizes only, when it learns (not with --infer)", param_hint="--grad-mode")
+    if compile_ and (sizes is not None or rate is not None or executor == "distributed"):
+        raise click.BadParameter(
+            "goes with the plain bench only (not --sizes, --rate or the distributed executor)", param_hint="--compile"
+        )
     if rate is not None:
         if optimizers is not None and not learn:
             raise click.BadParameter(
@@ -289,7 +303,8 @@ def bench(
     console = wide_console()
     with progress_bar(console) as bar:
         baselines = len({1, os.cpu_count() or 1})  # sequential with one thread and with every core
-        task = bar.add_task("starting", total=1 + len(MODES) * (baselines + len(depths)))
+        configurations = len(MODES) * (baselines + len(depths)) * (2 if compile_ else 1)
+        task = bar.add_task("starting", total=1 + configurations)
         report = _advancing(bar, task)
         rows = run_bench(
             executor=executor,
@@ -299,6 +314,7 @@ def bench(
             layers=layers,
             optimizer=optimizer,
             progress=report,
+            compile=compile_,
         )
     print_bench(wide_console(), rows, size, layers, samples, json_path)
 

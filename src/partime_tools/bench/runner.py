@@ -4,7 +4,9 @@
 inference and for online learning, and through the plain model one sample at a time (the
 sequential baseline, with one torch thread and with every core). Each row reports the median
 time per sample over a few blocks of the stream, measured once the workers run and a warm-up
-is over::
+is over. With ``compile``, each mode also has the plain model compiled (``torch.compile`` of the
+whole model, in the plain loop) and each depth's pipeline with ``compile=True`` (each stage's forward
+compiled in its worker); the compiling falls in the warm-up::
 
     results:  w w w … w | block 0 | block 1 | … | block 4 | tail (the pipeline drains)
               warm-up      median of the five per-sample times is the row's figure
@@ -79,22 +81,24 @@ def optimizer_named(name: str) -> OptimizerFactory:
 
 
 def plain_step(
-    model: nn.Module, ys: torch.Tensor | None, optimizer: OptimizerFactory = sgd
+    model: nn.Module, ys: torch.Tensor | None, optimizer: OptimizerFactory = sgd, compiled: bool = False
 ) -> Callable[[int, torch.Tensor], None]:
     """The plain model's work on sample ``i``, ``x``: a forward without gradients (``ys`` None), or
-    a forward, the loss against ``ys[i]``, a backward and a step of ``optimizer``."""
+    a forward, the loss against ``ys[i]``, a backward and a step of ``optimizer``; ``compiled``: the
+    forward of ``torch.compile(model, dynamic=False)`` (the shapes of a stream do not change)."""
+    forward: Callable[[torch.Tensor], torch.Tensor] = torch.compile(model, dynamic=False) if compiled else model
     if ys is None:
 
         def infer(i: int, x: torch.Tensor) -> None:
             with torch.no_grad():
-                model(x)
+                forward(x)
 
         return infer
     loss_fn, step = nn.CrossEntropyLoss(), optimizer(model.parameters())
 
     def learn(i: int, x: torch.Tensor) -> None:
         step.zero_grad()
-        loss_fn(model(x), ys[i]).backward()
+        loss_fn(forward(x), ys[i]).backward()
         step.step()
 
     return learn
@@ -114,6 +118,7 @@ def run_bench(
     seed: int = 0,
     optimizer: str = "sgd",
     progress: Progress | None = None,
+    compile: bool = False,
 ) -> list[dict[str, Any]]:
     """One row per mode and configuration: the sequential baselines, then each depth in ``depths``.
 
@@ -126,7 +131,9 @@ def run_bench(
     per-hop transfer cost (median, microseconds) of a 64 KB payload and of one activation,
     measured once per call, and ``others_busy``: the fraction of the machine's CPUs that other
     processes kept busy while the row was timed (``hop_others_busy``: while the hops were; None
-    where that cannot be known), since they skew every figure.
+    where that cannot be known), since they skew every figure. With ``compile``, the rows of the
+    compiled plain model and of ``Pipeline(..., compile=True)`` follow the uncompiled ones, with
+    ``compiled`` True (False in the others); every speed-up is over the uncompiled baselines.
     """
     bad = [m for m in modes if m not in MODES]
     if bad:
@@ -158,40 +165,47 @@ def run_bench(
         targets = ys if learning else None
         timing: dict[str, Any] = dict(samples=samples, warmup=warmup, blocks=blocks, optimizer=factory)
         base = {}
-        for threads in sorted({1, cores}):
-            report(f"{mode}: sequential, {threads} thread{'s' if threads > 1 else ''}")
-            clocks = cpu_clocks()
-            ms = time_sequential(copy.deepcopy(model), xs, targets, threads, **timing)
-            base[threads] = ms
-            rows.append(
-                dict(
-                    mode=mode,
-                    depth=0,
-                    executor=f"sequential ({threads} thr)",
-                    threads=threads,
-                    ms_per_sample=ms,
-                    others_busy=others_busy(clocks, cores),
+        for compiled in (False, True) if compile else (False,):
+            label = " compiled" if compiled else ""
+            for threads in sorted({1, cores}):
+                report(f"{mode}: sequential{label}, {threads} thread{'s' if threads > 1 else ''}")
+                clocks = cpu_clocks()
+                ms = time_sequential(copy.deepcopy(model), xs, targets, threads, compile=compiled, **timing)
+                if not compiled:
+                    base[threads] = ms
+                rows.append(
+                    dict(
+                        mode=mode,
+                        depth=0,
+                        executor=f"sequential{label} ({threads} thr)",
+                        threads=threads,
+                        compiled=compiled,
+                        ms_per_sample=ms,
+                        others_busy=others_busy(clocks, cores),
+                    )
                 )
-            )
-        for depth in depths:
-            report(f"{mode}: D={depth}, {executor}")
-            clocks = cpu_clocks()
-            ms, partition = time_pipeline(copy.deepcopy(model), depth, executor, xs, targets, **timing)
-            times = partition.stage_times or ()
-            rows.append(
-                dict(
-                    mode=mode,
-                    depth=depth,
-                    executor=executor,
-                    threads=1,
-                    ms_per_sample=ms,
-                    others_busy=others_busy(clocks, cores),
-                    partition=str(partition),
-                    balance=list(partition.balance),
-                    stage_ms=[t * 1e3 for t in times],
-                    max_stage_ms=max(times) * 1e3 if times else None,
+            for depth in depths:
+                report(f"{mode}: D={depth}, {executor}{label}")
+                clocks = cpu_clocks()
+                ms, partition = time_pipeline(
+                    copy.deepcopy(model), depth, executor, xs, targets, compile=compiled, **timing
                 )
-            )
+                times = partition.stage_times or ()
+                rows.append(
+                    dict(
+                        mode=mode,
+                        depth=depth,
+                        executor=executor,
+                        threads=1,
+                        compiled=compiled,
+                        ms_per_sample=ms,
+                        others_busy=others_busy(clocks, cores),
+                        partition=str(partition),
+                        balance=list(partition.balance),
+                        stage_ms=[t * 1e3 for t in times],
+                        max_stage_ms=max(times) * 1e3 if times else None,
+                    )
+                )
         for row in rows:
             if row["mode"] == mode:
                 row.update(
@@ -231,13 +245,17 @@ def time_sequential(
     warmup: int,
     blocks: int,
     optimizer: OptimizerFactory = sgd,
+    compile: bool = False,
 ) -> float:
     """Median ms per sample of the plain model, one sample at a time, with ``threads`` threads
-    (learning from ``ys`` with ``optimizer``, unless ``ys`` is None)."""
+    (learning from ``ys`` with ``optimizer``, unless ``ys`` is None); with ``compile``, of
+    ``torch.compile(model, dynamic=False)``, compiled afresh at its first sample (in the warm-up)."""
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        step = plain_step(model, ys, optimizer)
+        if compile:
+            torch._dynamo.reset()  # afresh: what compiled before counts towards dynamo's recompile limit
+        step = plain_step(model, ys, optimizer, compiled=compile)
 
         def one(i: int) -> None:
             step(i, xs[i])
@@ -258,9 +276,10 @@ def time_pipeline(
     warmup: int,
     blocks: int,
     optimizer: OptimizerFactory = sgd,
+    compile: bool = False,
 ) -> tuple[float, Partition]:
-    """Median ms per sample of ``Pipeline(model, depth)`` streaming ``xs`` (learning from ``ys`` with
-    ``optimizer``, unless ``ys`` is None), and its partition."""
+    """Median ms per sample of ``Pipeline(model, depth, compile=compile)`` streaming ``xs`` (learning
+    from ``ys`` with ``optimizer``, unless ``ys`` is None), and its partition."""
     learning: dict[str, Any] = {} if ys is None else dict(loss_fn=nn.CrossEntropyLoss(), optimizer=optimizer)
     before = torch.get_num_threads()
     # One thread here too: the layers are then profiled as the stages run them, and the caller,
@@ -269,7 +288,9 @@ def time_pipeline(
     try:
         # a name from the command line, as typed: the Pipeline refuses an unknown one with a ValueError
         name = cast(ExecutorName, executor)
-        with Pipeline(model, depth, executor=name, sample=xs[0], threads=1, **learning) as pipe:
+        if compile:
+            torch._dynamo.reset()  # afresh, as the stage processes do: the last stage compiles here
+        with Pipeline(model, depth, executor=name, sample=xs[0], threads=1, compile=compile, **learning) as pipe:
             results = pipe.stream(iter(xs), None if ys is None else iter(ys))
             stamps = _stamps(lambda i: next(results), warmup + samples + 1)
             for _ in results:  # drain: the tail, and every gradient applied, before the pipe closes

@@ -62,6 +62,7 @@ class StageConfig:
     # for each stage, the model's own name of each of its parameters by the stage's name (``model_names``);
     # empty: the stage's names are the model's
     parameter_names: tuple[dict[str, str], ...] = ()
+    compile: dict[str, Any] | None = None  # torch.compile's keyword arguments for each stage's forward; None: eager
 
     @property
     def learning(self) -> bool:

@@ -19,6 +19,13 @@ product of its gradient uses them too, whatever the grad mode.
 With ``config.autocast`` (a dtype) every forward, run again or not, and the loss run under
 ``torch.autocast`` of that dtype on the stage's device type; the backward and the step run outside it.
 
+With ``config.compile`` (``torch.compile``'s keyword arguments) every forward, run again or not,
+runs through ``torch.compile`` of the module, made once in the stage's worker and compiled there
+at its first call (``warm_up``, or the first tick), at the worker's thread count; the loss, the
+backward's product and the step are as without it. Each way a stage runs its forward (with
+gradients or without, with its own weights or others held in their place) is one compiled graph,
+the same at every tick.
+
 Where the graph of a forward is still valid for the product (built from the right input with
 weights that no step has changed since, or kept by ``graph-stash``) it is reused instead of
 running the forward again: in ``partime`` mode that is every tick with a forward, at the last
@@ -28,9 +35,11 @@ stage it is every tick, and in ``graph-stash`` mode every forward.
 from __future__ import annotations
 
 import contextlib
+import copy
+import dataclasses
 import logging
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -87,6 +96,10 @@ class Stage:
         self.device = torch.device(device)
         self.module = module.to(self.device)
         self._slots = TensorSlots(self.module)  # to run a forward with other weights or buffers
+        # what runs the module: itself, or torch.compile of it (which shares its weights and buffers)
+        self._forward: Callable[..., Any] = (
+            self.module if config.compile is None else torch.compile(self.module, **config.compile)
+        )
         named = trainable(module)
         self._names = [n for n, _ in named]
         self._params = [p for _, p in named]
@@ -140,7 +153,7 @@ class Stage:
         value = to_device(value, self.device)
         if not self.takes_gradient:
             with torch.no_grad(), self._drawing(), self._autocasting():
-                return self.module(value)
+                return self._forward(value)
         tensors = as_tensors(value, self._input_name)
         record = ForwardRecord(sample, tuple(self._leaf(t) for t in tensors), not isinstance(value, Tensor))
         if self.index < self.config.depth - 1:  # a delayed stage may run this forward again
@@ -157,6 +170,18 @@ class Stage:
         else:
             self._pending[sample] = record
         return value_of(tuple(t.detach() for t in record.outputs), self._out_is_tuple)
+
+    def warm_up(self, value: Any) -> None:
+        """One forward of ``value`` by a copy of this stage, as its ticks run it (with gradients when
+        it learns, under its autocast, compiled with ``config.compile``), from a copy of the process's
+        random state: what a fresh process does once only (its thread pool started, its kernels
+        chosen for these shapes, its memory mapped, dynamo's compile of the forward for these shapes,
+        this thread count and this grad mode) is done before the first tick, and this stage, its
+        buffers and every random stream are as they were."""
+        # the copy draws from the process's stream (forked here), not from a stage stream of its own
+        config = dataclasses.replace(self.config, random_state=None)
+        with torch.random.fork_rng(devices=[]):
+            Stage(self.index, copy.deepcopy(self.module), config, self.device).forward(0, value)
 
     def learn(self, sample: int, target: Any = None) -> Learnt:
         """Last stage: the loss of ``sample`` (just run forward), its backward and step.
@@ -319,9 +344,9 @@ class Stage:
     def _call(self, value: Any, swapped: dict[str, Tensor]) -> Any:
         """The module on ``value``, with the ``swapped`` tensors in place of its own."""
         if not swapped:
-            return self.module(value)
+            return self._forward(value)
         with self._slots.holding(swapped):
-            return self.module(value)
+            return self._forward(value)
 
     def _plain_forward(self, record: ForwardRecord, again: bool) -> bool:
         """Whether the forward of ``record`` needs nothing around it: autograd is on already, it keeps

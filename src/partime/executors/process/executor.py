@@ -22,8 +22,8 @@ classes defined in ``__main__`` and layers holding lambdas go too) and is unpick
 itself, so a model that cannot be rebuilt there is reported with its traceback like any failure.
 
 A worker given what its stage took in when the layout was learnt (``start``'s ``warm``) runs its
-stage's forward on it once, on a copy and without gradients, before it reports ready
-(``worker.warm_up``): the first tick of a fresh process then costs what the others do.
+stage's forward on it once, on a copy, before it reports ready (``Stage.warm_up``): the first tick
+of a fresh process then costs what the others do (a compiled stage compiles there).
 
 ``start`` returns once every worker is ready; then the names of every semaphore are unlinked
 (``semaphore.SharedSemaphore``), so nothing is left in ``/dev/shm`` whatever happens to the

@@ -1,7 +1,7 @@
 """The body of a process executor's worker, and what it is started with.
 
 A worker rebuilds its stage (``spawning.ByValue``), resumes it from its part of a checkpoint if it
-has one, or else warms it up on what it took in when the layout was learnt (``warm_up``), reports
+has one, or else warms it up on what it took in when the layout was learnt (``Stage.warm_up``), reports
 that it is ready, and runs ``worker_loop.run_stage`` over its channels until the
 caller stops it or is gone. Between two ticks it answers a request for its part of a checkpoint.
 It reports on a pipe of its own to the caller, as ``(kind, payload)``.
@@ -9,8 +9,6 @@ It reports on a pipe of its own to the caller, as ``(kind, payload)``.
 
 from __future__ import annotations
 
-import contextlib
-import copy
 import os
 import signal
 import sys
@@ -52,17 +50,6 @@ class WorkerArgs:
     warm: bytes | None = None  # torch.save of the tensors the stage took in when the layout was learnt
 
 
-def warm_up(module: torch.nn.Module, value: Any, autocast: torch.dtype | None = None, device_type: str = "cpu") -> None:
-    """One forward of a copy of ``module`` on ``value``, without gradients, under the stage's
-    autocast (``autocast`` on ``device_type``, as its ticks run) and from a copy of the
-    process's random state: what a fresh process does once only (its thread pool started, its
-    kernels chosen for these shapes, its memory mapped) is done before the first tick, and
-    ``module``, its buffers and every random stream are as they were."""
-    casting = contextlib.nullcontext() if autocast is None else torch.autocast(device_type, dtype=autocast)
-    with torch.no_grad(), torch.random.fork_rng(devices=[]), casting:
-        copy.deepcopy(module)(value)
-
-
 def work(w: WorkerArgs) -> None:
     """The body of a stage's process: run segments until told to stop, then leave at once."""
     # Ctrl-C reaches every process of the terminal's group: the caller handles it and stops us.
@@ -90,7 +77,7 @@ def work(w: WorkerArgs) -> None:
             links, tick = resume(stage, links, from_bytes(w.resume))
         if w.warm is not None:
             value = rebuild(links.layout.into(links.index), tuple(from_bytes(w.warm)))
-            warm_up(stage.module, value, config.autocast, stage.device.type)
+            stage.warm_up(value)
         w.reports.send((READY, None))
         run_stage(stage, w.links, check, where, sent, first=links, tick=tick)
     except Aborted:

@@ -66,6 +66,7 @@ class ThreadExecutor(Driver):
 
     cpu_only = True
     on_this_host = True
+    shares_process = True
     _turn = Caller(0, 0)  # until ``start``: no stage thread, no turn to hold
 
     def start(self, layout: Layout, state: dict[str, Any] | None = None, warm: Sequence[Any] | None = None) -> None:
