@@ -53,6 +53,7 @@ class StageConfig:
     lr_scheduler: SchedulerFactory | None = None  # optimizer -> LRScheduler, stepped after each step
     max_grad_norm: float | None = None  # each stage clips its gradient to this norm before it steps
     autocast: torch.dtype | None = None  # every stage's forward (and the loss) under torch.autocast of this dtype
+    stats: bool = False  # each stage keeps statistics (a gradient norm per step): Pipeline.stats
 
     @property
     def learning(self) -> bool:
