@@ -13,7 +13,7 @@ from .executors import EXECUTORS, ExecutorName
 from .pipeline.pipeline import Pipeline
 from .planning.partition import Partition
 from .result import Result
-from .stage_stats import StageStats
+from .stats import StageStats
 
 __all__ = [
     "EXECUTORS",

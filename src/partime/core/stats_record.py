@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from ..stage_stats import StageStats
+from ..stats import StageStats
 from .stage import Stage
 
 log = logging.getLogger(__name__)

@@ -52,7 +52,7 @@ from ..core.stage import StageConfig
 from ..core.stats_record import StatsRecord
 from ..errors import StageError
 from ..result import Result
-from ..stage_stats import StageStats
+from ..stats import StageStats
 
 READ_AHEAD = 1
 """How many ticks ``Pipeline.stream`` offers beyond the result it hands out next: the stages then

@@ -42,7 +42,7 @@ from ..planning.partition import Partition, split
 from ..planning.planner import plan
 from ..result import Result
 from ..sources import MONOTONIC, Clock
-from ..stage_stats import StageStats
+from ..stats import StageStats
 from ..traced.partition import describe
 from ..traced.structured_loss import ModelCall, StructuredLoss
 from ..traced.tracing import boundary_specs, check_copied_hooks, layers_of, traced_forward
