@@ -174,7 +174,7 @@ def test_stats_must_be_a_bool():
 
 
 def run(executor, stats, read):
-    """Outputs, losses and weights of a D = 2 process pipeline, reading its stats after every result if ``read``."""
+    """Outputs, losses and weights of a D = 2 pipeline, reading its stats after every result if ``read``."""
     outputs, losses, seen = [], [], []
     with pipeline(2, executor, stats=stats) as pipe:
         for r in pipe.stream(XS, YS):
@@ -186,7 +186,7 @@ def run(executor, stats, read):
     return outputs, losses, weights, seen
 
 
-@pytest.mark.parametrize("executor", ["inline", "process"])
+@pytest.mark.parametrize("executor", ["inline", "thread", "process"])
 def test_reading_the_stats_changes_nothing_the_pipeline_computes(executor):
     outputs, losses, weights, _ = run(executor, stats=False, read=False)
     outputs_read, losses_read, weights_read, seen = run(executor, stats=True, read=True)
@@ -195,6 +195,19 @@ def test_reading_the_stats_changes_nothing_the_pipeline_computes(executor):
     assert all(torch.equal(a, b) for a, b in zip(weights_read, weights, strict=True))
     steps = [[s.steps for s in stats] for stats in seen]
     assert steps == sorted(steps) and len(seen) == N  # counts only grow
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_a_gpu_stage_s_norm_reaches_the_record_without_a_wait_and_is_the_cpu_s():
+    """Stage 1 on the GPU: its norm is copied into pinned memory as the device gets there; once the
+    device has finished, the record holds what the same pipeline on the CPU reports."""
+    cpu, _ = learnt_stats("inline")
+    with pipeline(2, "inline", devices=["cpu", "cuda"]) as pipe:
+        list(pipe.stream(XS, YS))
+        torch.cuda.synchronize()  # the last copy has landed
+        gpu = pipe.stats()
+    assert [(s.steps, s.lrs) for s in gpu] == [(s.steps, s.lrs) for s in cpu]
+    assert [s.grad_norm for s in gpu] == pytest.approx([s.grad_norm for s in cpu], rel=1e-4)
 
 
 def test_a_read_is_never_torn_while_the_record_is_written():
