@@ -21,10 +21,13 @@ class StageStats:
     before clipping: what ``torch.nn.utils.clip_grad_norm_`` returns there; None before its first
     step, or when it does not learn.
 
-    ``tick_seconds``: how long its last tick took, not counting the time it waited for what the tick
-    takes in (the sample or activation, the gradient, the target); ``wait_seconds``: that time.
-    ``total_tick_seconds`` and ``total_wait_seconds``: the same, summed over every tick; between two
-    reads, their differences over the difference of ``ticks`` are the mean tick and wait.
+    ``tick_seconds``: how long its last tick worked (forward, loss, backward, step, sends);
+    ``wait_seconds``: how long the stage waited since the tick before it: for the tick to be offered
+    (the caller to feed a sample; in the inline executor, the stages before it to run) and for what
+    the tick takes in (the sample or activation, the gradient, the target). Over a run, a stage's
+    ticks and waits add up to its time: the slowest stage waits least. ``total_tick_seconds`` and
+    ``total_wait_seconds``: the same, summed over every tick; between two reads, their differences
+    over the difference of ``ticks`` are the mean tick and wait.
     """
 
     stage: int
