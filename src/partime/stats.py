@@ -25,7 +25,7 @@ class StageStats:
     ``wait_seconds``: how long the stage waited since the tick before it: for the tick to be offered
     (the caller to feed a sample; in the inline executor, the stages before it to run) and for what
     the tick takes in (the sample or activation, the gradient, the target). Over a run, a stage's
-    ticks and waits add up to its time: the slowest stage waits least. ``total_tick_seconds`` and
+    ticks and waits within a stream add up to its time there: the slowest stage waits least. ``total_tick_seconds`` and
     ``total_wait_seconds``: the same, summed over every tick; between two reads, their differences
     over the difference of ``ticks`` are the mean tick and wait.
     """
