@@ -136,6 +136,15 @@ def test_the_checkpoints_guide_runs(tmp_path):
     assert run_page(DOCS / "guides" / "checkpoints.md", tmp_path) == ["True"]
 
 
+def test_the_monitoring_guide_runs(tmp_path):
+    assert run_page(DOCS / "guides" / "monitoring.md", tmp_path) == [
+        "0 120 0.00625 True",
+        "1 120 0.00625 True",
+        "4 True",
+        "120",
+    ]
+
+
 def test_the_troubleshooting_guide_runs(tmp_path):
     assert run_page(DOCS / "guides" / "troubleshooting.md", tmp_path) == [
         "ValueError",
@@ -157,7 +166,7 @@ def test_the_traced_models_guide_runs(tmp_path):
 
 
 TESTED_PAGES = {"index", "tick", "learning", "compensation", "executors", "live-sources", "video", "checkpoints"}
-TESTED_PAGES |= {"troubleshooting", "traced-models", "mixed-precision", "compile"}
+TESTED_PAGES |= {"troubleshooting", "traced-models", "mixed-precision", "compile", "monitoring"}
 
 
 def test_every_page_with_an_example_is_run():

@@ -7,7 +7,7 @@ import re
 import subprocess
 import sys
 
-TOOLS_MODULES = ("matplotlib", "sklearn", "rich", "click", "PIL", "psutil")
+TOOLS_MODULES = ("matplotlib", "sklearn", "rich", "click", "PIL", "psutil", "tensorboard")
 
 CORE = """
 import sys

@@ -13,6 +13,7 @@ from .executors import EXECUTORS, ExecutorName
 from .pipeline.pipeline import Pipeline
 from .planning.partition import Partition
 from .result import Result
+from .stats import StageStats
 
 __all__ = [
     "EXECUTORS",
@@ -25,6 +26,7 @@ __all__ = [
     "PipelineClosedError",
     "Result",
     "StageError",
+    "StageStats",
     "StageTimeoutError",
     "WorkerDiedError",
 ]

@@ -19,6 +19,9 @@ Before an executor is made, its class answers for it: ``check_devices`` (which d
 ``rank`` (which rank this process is) and, for ranks other than the caller's, ``serve`` and
 ``cancel``; the defaults are those of an executor that runs every stage from the caller's process.
 
+With ``config.stats`` an executor keeps a ``StatsRecord`` for each stage whose runner writes one
+(``records``, made in ``start``; None for a stage it cannot read cheaply), and ``stats()`` reads them.
+
 An executor that can take checkpoints (``checkpoints = True``) also has ``state_dict()``,
 asked between two ticks once every stage has finished them (after ``sync``), and takes that
 state back as ``start(layout, state)``. The state is the same for every executor, so that a
@@ -46,8 +49,10 @@ from torch import nn
 
 from ..core.boundary_layout import Layout
 from ..core.stage import StageConfig
+from ..core.stats_record import StatsRecord
 from ..errors import StageError
 from ..result import Result
+from ..stats import StageStats
 
 READ_AHEAD = 1
 """How many ticks ``Pipeline.stream`` offers beyond the result it hands out next: the stages then
@@ -76,6 +81,9 @@ class Executor(ABC):
     child_processes: ClassVar[bool] = False
     """Whether its workers are child processes of the caller (SIGTERM then closes the pipeline:
     ``partime.pipeline.sigterm``)."""
+
+    records: Sequence[StatsRecord | None] = ()
+    """Each stage's statistics record, with ``config.stats`` (see the module docstring)."""
 
     # -- what the class says before any pipeline runs on it --------------------------------------
 
@@ -146,6 +154,11 @@ class Executor(ABC):
         the caller's process need none: the layout's forward ran there. None when the layout came
         from a checkpoint.
         """
+
+    def stats(self) -> list[StageStats]:
+        """The statistics of each stage with a record, as its runner last wrote them: read at once,
+        whatever the stages are doing (``stats_record``)."""
+        return [record.read(i) for i, record in enumerate(self.records) if record is not None]
 
     def state_dict(self) -> dict[str, Any]:
         """Every stage's state and the values in transit, between two ticks (see the module docstring)."""

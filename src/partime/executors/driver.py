@@ -37,6 +37,7 @@ from typing import Any
 
 from ..core import schedule
 from ..core.stage import Stage
+from ..core.stats_record import StatsRecord
 from ..errors import StageTimeoutError
 from ..result import Result
 from .base import Executor, Layout, stage_error, with_deadline
@@ -81,6 +82,9 @@ class Driver(Executor):
         self._segment: list[Any] | None = None
         self._fed_at: deque[tuple[int, int]] = deque(maxlen=2 * self.depth + 8)  # (tick, sample) of the newest
         self._stuck: set[int] = set()  # stages found behind by a timeout: ``close`` stops them at once
+        # statistics: in shared memory where a stage runs in a child process, else a plain tensor
+        stats = self.config.stats
+        self.records = [StatsRecord(shared=self.child_processes) if stats else None for _ in range(self.depth)]
 
     def stage_links(self, i: int, acts: Sequence[Link], grads: Sequence[Link]) -> Links:
         """Stage ``i``'s links: ``acts[i]`` into it (the samples, for stage 0), ``acts[i + 1]`` out of it,
@@ -98,6 +102,7 @@ class Driver(Executor):
             results=self._results if last else None,
             permits=self._permits[i],
             ticks=self._ticks[i],
+            record=self.records[i],
         )
 
     def host(

@@ -16,6 +16,9 @@ processes take them: so they compute the same to the bit.
 What a stage does in a tick is ``tick.forward_half`` and ``tick.backward_half``; this executor
 only orders them and carries their messages (a sample skipped under ``nonfinite="skip"``, fed as
 ``x = None``, goes in as a ``tick.Skip``).
+
+With ``config.stats`` each stage's two halves are timed as its tick (``stats_record.TickClock``):
+what comes between two of them (the other stages' halves, the caller's own work) is its wait.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from ..checkpoint.files import CheckpointError, message
 from ..core import schedule
 from ..core.boundary_values import ValueSpec, as_tensors, rebuild
 from ..core.stage import Stage
+from ..core.stats_record import StatsRecord, TickClock
 from ..core.tick import Data, Passed, Skip, backward_half, forward_half
 from ..result import Result
 from .base import Executor, Layout, stage_error
@@ -63,6 +67,12 @@ class InlineExecutor(Executor):
         self._begin_segment()
         if state is not None:
             self._resume(layout, state)
+        if self.config.stats:
+            pinned = [torch.device(d).type == "cuda" for d in self.devices]  # a GPU's norm comes without a wait
+            records = [StatsRecord(pinned=p) for p in pinned]
+            for stage, record in zip(self._stages, records):
+                record.begin(stage)
+            self.records = records
 
     def state_dict(self) -> dict[str, Any]:
         transit = None
@@ -114,6 +124,7 @@ class InlineExecutor(Executor):
         self._acts = [None] * self.depth
         self._grads = [None] * self.depth
         self._targets = {}
+        self._clocks = [TickClock() for _ in range(self.depth)]  # the stages' ticks, timed for their statistics
 
     def feed(self, index: int, x: Any, y: Any) -> None:
         """Offer sample ``index`` (``x`` None: a skipped sample, a hole) and run one tick."""
@@ -145,6 +156,7 @@ class InlineExecutor(Executor):
         acts: list[Passed | None] = [None] * depth
         grads: list[Passed | None] = [None] * depth
         for i, stage in enumerate(self._stages):
+            self._clocks[i].start()
             last = i == depth - 1
             message = self._acts[i]
             if schedule.forward_sample(i, tick, num_samples) is not None and message is not None:
@@ -172,6 +184,9 @@ class InlineExecutor(Executor):
                     raise stage_error(i, message.sample, stage.phase, exc) from exc
                 if back is not None:
                     grads[i - 1] = _laid_out(back, self._layout.activations[i - 1])
+            record = self.records[i] if self.records else None
+            if record is not None:
+                record.tick(stage, *self._clocks[i].end())
         self._acts, self._grads = acts, grads
         self._tick += 1
 

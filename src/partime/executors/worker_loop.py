@@ -17,6 +17,10 @@ The caller's ends of those links (samples and targets in, results out) are ``cal
 For checkpoints, ``run_segment`` notes in a ``Sent`` what a stage sent its neighbours during its
 last tick (what they take at the next one: the values in transit at a tick boundary); a resumed
 stage starts at the checkpoint's tick with those values waiting on its links (``in_flight.py``).
+
+With a statistics record (``Links.record``, ``Pipeline(stats=True)``) each tick is timed
+(``stats_record.TickClock``: its work, and its wait for the tick's permit and in its receives)
+and the record gets both once the tick is over.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from ..core import tick as tick_rule
 from ..core.boundary_layout import Layout
 from ..core.boundary_values import ValueSpec, as_tensors, rebuild
 from ..core.stage import Stage
+from ..core.stats_record import StatsRecord, TickClock
 from ..core.tick import backward_half, forward_half
 from ..result import Result
 from .messages import KIND_DATA, KIND_END, KIND_SKIP, Message
@@ -83,6 +88,7 @@ class Links:
     permits: Gate | None = None  # released once per tick the caller offers, if gated
     ticks: Gate | None = None  # released by the worker once per finished tick, if counted
     spin_s: float = SPIN_S  # how long a wait for a permit spins before it blocks (0: threads under one GIL)
+    record: StatsRecord | None = None  # the stage's statistics, written after each tick (None: none kept)
 
 
 class Where:
@@ -189,13 +195,17 @@ def segment(
     i, depth, learning = links.index, stage.config.depth, stage.config.learning
     sent = Sent() if sent is None else sent
     n: int | None = None
+    clock = TickClock()
+    if links.record is not None:
+        links.record.begin(stage)
     try:
         while n is None or tick < schedule.segment_ticks(n, depth, learning):
             yield tick
+            clock.start()
             message = None
             if schedule.forward_sample(i, tick, n) is not None:
                 where.sample, where.phase = None, "receive"
-                received = links.act_in.get(check=check)
+                received = clock.get(links.act_in, check)
                 if received.kind == KIND_END:  # the segment has n samples: this tick has no forward
                     n = received.index
                     if links.act_out is not None:  # not the last stage
@@ -204,7 +214,9 @@ def segment(
                         return True
                 else:
                     message = _message(received, links.layout.into(i))
-            play_tick(stage, links, check, where, sent, tick, n, message)
+            play_tick(stage, links, check, where, sent, tick, n, message, clock)
+            if links.record is not None:
+                links.record.tick(stage, *clock.end())
             _end_tick(links)
             tick += 1
     except BaseException:
@@ -223,14 +235,16 @@ def play_tick(
     tick: int,
     n: int | None,
     message: tick_rule.Passed | None,
+    clock: TickClock,
 ) -> None:
     """Tick ``tick`` of stage ``links.index`` (of a segment of ``n`` samples, None while it is
     open): the forward half on ``message`` (None: no sample this tick), then the backward half if
-    the schedule gives the stage a gradient, which it receives here; ``sent`` notes what it sends."""
+    the schedule gives the stage a gradient, which it receives here; ``sent`` notes what it sends,
+    ``clock`` counts the waits of its receives."""
     sent.activation = sent.gradient = None
     if message is not None:
         where.sample, where.phase = message.sample, "forward"
-        forwarded = forward_half(stage, message, links.act_out is None, lambda: _target(links, check))
+        forwarded = forward_half(stage, message, links.act_out is None, lambda: _target(links, check, clock))
         if forwarded.gradient is not None:
             sent.gradient = _put(links.grad_out, forwarded.gradient, check)
         if forwarded.activation is not None:
@@ -243,7 +257,7 @@ def play_tick(
         and schedule.backward_sample(links.index, tick, stage.config.depth, n) is not None
     ):
         where.sample, where.phase = None, "receive"  # (a stage with a gradient link learns, and is not last)
-        received = _message(links.grad_in.get(check=check), links.layout.activations[links.index])
+        received = _message(clock.get(links.grad_in, check), links.layout.activations[links.index])
         where.sample, where.phase = received.sample, "backward"
         back = backward_half(stage, received)
         if back is not None:
@@ -258,11 +272,11 @@ def _message(received: Message, spec: ValueSpec) -> tick_rule.Passed:
     return tick_rule.Data(received.index, rebuild(spec, received.tensors))
 
 
-def _target(links: Links, check: Callable[[], None]) -> Any:
+def _target(links: Links, check: Callable[[], None], clock: TickClock) -> Any:
     """The last stage's next target (None for a loss that takes none)."""
     if links.targets is None or links.layout.target is None:
         return None
-    return rebuild(links.layout.target, links.targets.get(check=check).tensors)
+    return rebuild(links.layout.target, clock.get(links.targets, check).tensors)
 
 
 def _put(link: Any, message: tick_rule.Passed, check: Callable[[], None]) -> tuple[int, tuple[Tensor, ...] | None]:

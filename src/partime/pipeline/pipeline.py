@@ -42,6 +42,7 @@ from ..planning.partition import Partition, split
 from ..planning.planner import plan
 from ..result import Result
 from ..sources import MONOTONIC, Clock
+from ..stats import StageStats
 from ..traced.partition import describe
 from ..traced.structured_loss import ModelCall, StructuredLoss
 from ..traced.tracing import boundary_specs, check_copied_hooks, layers_of, traced_forward
@@ -122,6 +123,8 @@ class Pipeline:
     :param compile: False (the default), True, or a dict of ``torch.compile``'s keyword arguments
         (``mode``, ``backend``, ``dynamic``, ``fullgraph``, ``options``): each stage's forward runs
         through ``torch.compile`` of its module, compiled in its worker. See docs/guides/compile.md.
+    :param stats: whether each stage keeps statistics for ``stats()`` (its lrs, gradient norm, tick
+        and wait times); False (the default) keeps none. See docs/guides/monitoring.md.
     :raises ValueError: an argument out of its range or set (naming the value and the choices), a
         device this machine does not have, or ``lr_scheduler``/``max_grad_norm`` without
         ``optimizer``.
@@ -281,6 +284,7 @@ class Pipeline:
         timeout: float | None = TIMEOUT_S,
         autocast: torch.dtype | None = None,
         compile: bool | Mapping[str, Any] = False,  # torch.compile's name, as users know it
+        stats: bool = False,
     ):
         # What partime runs for itself here (traces, probes, timing) draws nothing from the caller's
         # random stream; the stages start from it (SPEC.md, "Random and stateful layers").
@@ -361,6 +365,7 @@ class Pipeline:
                 max_grad_norm=None if max_grad_norm is None else float(max_grad_norm),
                 autocast=autocast,
                 compile=args.compile,
+                stats=_flag("stats", stats),
             )
             learnt = trainable(self._root) + trainable(loss_fn, LOSS_PREFIX)  # by the model's own names
             check_optimizer_factory(optimizer, self._config.compensation, learnt)
@@ -517,6 +522,35 @@ class Pipeline:
         if self._executor is not None and self._status == "open":
             self._guard(self._executor.sync)
         return copy.deepcopy(self._root)
+
+    def stats(self) -> list[StageStats]:
+        """Each stage's statistics now (``StageStats``): its lrs, its last step's gradient norm, how long
+        its last tick took and how long it waited for its inputs, and counts and totals; for a pipeline
+        made with ``stats=True`` (else a RuntimeError that says so).
+
+        Each stage's runner (worker process, thread, or the caller for the stages it runs) writes them
+        into a small record after every tick, which this reads where it lies (in shared memory for the
+        process executor): no message, no lock, no wait for any stage, so it costs microseconds
+        whatever the stages are doing, and changes nothing they compute. The values are those of
+        each stage's last finished tick: the stages may be at different ticks (up to the few a
+        stream runs ahead), and a stage's own fields are of one tick (``partime.core.stats_record``).
+
+        What it costs the stages: two clock reads per tick and a few numbers written; and, for a
+        learning pipeline that does not clip (``max_grad_norm``), the gradient's norm at every step
+        (one pass over the gradients, as ``clip_grad_norm_`` makes it).
+
+        The list has one entry per stage, in order, once the stages have started (empty before the
+        first sample, or ``start``, and after a checkpoint is loaded, until they start again); after
+        ``close`` it keeps the last values. With the ``distributed`` executor it holds stage 0 only:
+        every other stage runs in another rank's process, which no memory of rank 0's reaches (its
+        weights and checkpoints travel on request, through ``module`` and ``state_dict``); on ranks
+        other than 0 it is empty.
+        """
+        if not self._config.stats:
+            raise RuntimeError("this pipeline keeps no statistics: make it with Pipeline(..., stats=True)")
+        if self._rank > 0 or self._executor is None:
+            return []
+        return self._executor.stats()
 
     @property
     def fed(self) -> int:
@@ -972,6 +1006,13 @@ def _running(
     loss_fn = None if options["optimizer"] is None else _zero_loss
     with Pipeline(copy.deepcopy(layers), list(partition.balance), loss_fn=loss_fn, **options) as trial:
         yield trial.stream(itertools.repeat(sample))
+
+
+def _flag(name: str, value: Any) -> bool:
+    """``value`` if it is a bool, else a TypeError naming the argument ``name``."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {value!r} ({type(value).__name__})")
+    return value
 
 
 def _started_for(layout: Layout | None, x: Any, y: Any) -> bool:

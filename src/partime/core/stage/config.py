@@ -63,6 +63,7 @@ class StageConfig:
     # empty: the stage's names are the model's
     parameter_names: tuple[dict[str, str], ...] = ()
     compile: dict[str, Any] | None = None  # torch.compile's keyword arguments for each stage's forward; None: eager
+    stats: bool = False  # each stage keeps statistics (a gradient norm per step): Pipeline.stats
 
     @property
     def learning(self) -> bool:

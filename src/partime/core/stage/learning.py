@@ -68,7 +68,9 @@ class Learning:
     gradient: ``steps_along_the_gradient``), else by keeping the weights before it in ``before``.
     ``anchors``: with delay correction, the weights each sample in flight went forward with.
     ``scheduler``: the lr scheduler of ``optimizer``, stepped after each of its steps (None: none);
-    ``max_grad_norm``: the norm each step's gradient is clipped to first (None: not clipped).
+    ``max_grad_norm``: the norm each step's gradient is clipped to first (None: not clipped);
+    ``measures``: whether ``step`` measures the norm of each gradient when it does not clip (the
+    pipeline keeps statistics: ``StageConfig.stats``).
     """
 
     optimizer: torch.optim.Optimizer | None = None
@@ -84,6 +86,7 @@ class Learning:
     anchors: dict[int, list[Tensor]] = field(default_factory=dict)
     scheduler: LRScheduler | None = None
     max_grad_norm: float | None = None
+    measures: bool = False
 
     @property
     def changes_gradients(self) -> bool:
@@ -111,9 +114,9 @@ class Learning:
             self.anchors[sample] = now or self.corrector.anchor()
         return weights
 
-    def step_for(self, sample: int, params: list[nn.Parameter], grads: Sequence[Tensor | None]) -> None:
-        """The compensated step of ``sample``'s gradient ``grads`` of ``params`` (``step``)."""
-        step(self, params, grads, self.anchors.pop(sample) if self.corrector is not None else None)
+    def step_for(self, sample: int, params: list[nn.Parameter], grads: Sequence[Tensor | None]) -> Tensor | None:
+        """The compensated step of ``sample``'s gradient ``grads`` of ``params`` (``step``); its norm, if measured."""
+        return step(self, params, grads, self.anchors.pop(sample) if self.corrector is not None else None)
 
     def forget(self, sample: int) -> None:
         """``sample`` brings no gradient: nothing of it is kept."""
@@ -179,6 +182,7 @@ def make_learning(
         along,
         scheduler=scheduler,
         max_grad_norm=config.max_grad_norm,
+        measures=config.stats,
     )
 
 
@@ -262,22 +266,28 @@ def check_scheduler_factory(
 
 def step(
     learning: Learning, params: list[nn.Parameter], grads: Sequence[Tensor | None], anchor: list[Tensor] | None
-) -> None:
+) -> Tensor | None:
     """One step of ``learning.optimizer`` on ``params`` with ``grads`` (None: no gradient),
     compensated as chosen; ``anchor``: the weights the sample went forward with (delay correction).
 
     With ``max_grad_norm`` the gradient is clipped to that norm over ``params`` (the stage's own:
     no moment in a pipeline holds one sample's gradients of every stage) after delay correction
     corrects it and before the step is scaled: what the optimizer takes is clipped. The
-    scheduler steps after the optimizer, as a plain loop steps it."""
+    scheduler steps after the optimizer, as a plain loop steps it.
+
+    Returns the gradient's 2-norm over ``params`` at that point, before clipping (a 0-dim tensor on
+    the stage's device, what ``clip_grad_norm_`` returns), when clipping or ``measures``; else None."""
     assert learning.optimizer is not None  # a stage steps only if it learns
     for p, g in zip(params, grads):
         p.grad = g
     if learning.corrector is not None:
         assert anchor is not None
         learning.corrector.correct(anchor)
+    norm: Tensor | None = None
     if learning.max_grad_norm is not None:
-        torch.nn.utils.clip_grad_norm_(params, learning.max_grad_norm)
+        norm = torch.nn.utils.clip_grad_norm_(params, learning.max_grad_norm)
+    elif learning.measures:
+        norm = total_norm([p.grad for p in params if p.grad is not None])
     factor = learning.scale * (1.0 if learning.step_size is None else learning.step_size.next_factor())
     # The step is scaled, not the lr: a schedule may set the lr during the step (a step hook),
     # and neither undoes the other. At factor 1 (no delay) nothing is copied: the plain step.
@@ -304,6 +314,16 @@ def step(
         learning.predictor.after_step()
     if learning.scheduler is not None:
         learning.scheduler.step()
+    return norm
+
+
+def total_norm(grads: list[Tensor]) -> Tensor:
+    """The 2-norm of ``grads`` together, computed as ``clip_grad_norm_`` computes it (its value to the bit)."""
+    if hasattr(torch.nn.utils, "get_total_norm"):  # torch >= 2.6: the function clip_grad_norm_ calls
+        return torch.nn.utils.get_total_norm(grads)
+    if not grads:
+        return torch.tensor(0.0)
+    return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
 
 
 def unshared(grads: Sequence[Tensor | None], others: Sequence[Tensor | None]) -> tuple[Tensor | None, ...]:

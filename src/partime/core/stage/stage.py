@@ -83,7 +83,8 @@ class Stage:
     (they do not learn; a factory may choose to leave some out). With ``config.lr_scheduler`` it
     makes its scheduler of that optimizer (``lr_scheduler``), stepped after each step; with
     ``config.max_grad_norm`` each step's gradient is clipped to that norm over the stage's own
-    parameters (the loss's too, at the last stage).
+    parameters (the loss's too, at the last stage). ``steps`` counts its steps and ``grad_norm`` is
+    its last step's gradient norm before clipping (with ``config.stats`` or ``max_grad_norm``; else None).
 
     A stage before the first with something to train (``config.first_trained``: the layers before
     are frozen) runs its forwards without a graph, keeps nothing for a gradient and takes none
@@ -146,6 +147,8 @@ class Stage:
         self._gradient_name = f"gradient at stage {index}"
         self._output_name = f"output of stage {index}"
         self.phase = "start"  # what the stage is doing: forward, loss, backward or step
+        self.steps = 0  # optimizer steps taken
+        self.grad_norm: Tensor | None = None  # the last step's gradient norm, when measured (config.stats, clipping)
 
     def forward(self, sample: int, value: Any) -> Any:
         """Run sample ``sample`` forward; returns the output, detached, for the next stage."""
@@ -430,7 +433,8 @@ class Stage:
             own = found[: len(learnt)]
             if self._learning.changes_gradients:
                 own = unshared(own, found[len(learnt) :] + (grads or ()))
-            self._learning.step_for(sample, self._params + self._loss_params, own)
+            self.grad_norm = self._learning.step_for(sample, self._params + self._loss_params, own)
+            self.steps += 1
             self._drop_stale_graphs()
         if not self.sends_gradient:
             return None

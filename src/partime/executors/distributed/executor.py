@@ -57,6 +57,7 @@ from torch import nn
 
 from ...checkpoint.files import from_bytes, to_bytes
 from ...core.stage import Stage, StageConfig
+from ...core.stats_record import StatsRecord
 from ...errors import StageTimeoutError
 from ..base import READ_AHEAD, Layout, with_deadline
 from ..caller_ends import Feeder
@@ -137,6 +138,9 @@ class DistributedExecutor(Driver):
             self._targets = run.link("target") or local_channel(layout.target.tensors, depth + 1 + READ_AHEAD, "target")
         self._feeder = Feeder(self._inputs, self._targets, depth)
         self._permit_zero, self._ticks_zero = Permits(0), threading.Semaphore(0)
+        # Statistics: only stage 0's record is here (a GPU's norm comes without a wait); the other
+        # stages' would be written in their ranks' processes, which no memory of this one reaches.
+        self.records = [StatsRecord(pinned=run.device.type == "cuda") if config.stats else None]
         links = Links(
             index=0,
             layout=layout,
@@ -147,6 +151,7 @@ class DistributedExecutor(Driver):
             results=self._results if last else None,
             permits=self._permit_zero,
             ticks=self._ticks_zero,
+            record=self.records[0],
         )
         self._stage, self._sent = Stage(0, self.stages[0], config, run.device), Sent()
         first, tick = links, 0
