@@ -126,11 +126,15 @@ class Stage:
         self._output_name = f"output of stage {index}"
         self.phase = "start"  # what the stage is doing: forward, loss, backward or step
 
-    def forward(self, sample: int, value: Any) -> Any:
-        """Run sample ``sample`` forward; returns the output, detached, for the next stage."""
+    def forward(self, sample: int, value: Any, learn: bool = True) -> Any:
+        """Run sample ``sample`` forward; returns the output, detached, for the next stage.
+
+        ``learn`` False (a sample that is only predicted): the forward runs as the module's own call
+        under ``torch.no_grad()``, with the stage's weights as they are (also under weight
+        prediction), its random stream and its modules' modes, and keeps nothing for a gradient."""
         self.phase = "forward"
         value = to_device(value, self.device)
-        if not self.config.learning:
+        if not (self.config.learning and learn):
             with torch.no_grad(), self._drawing(), self._autocasting():
                 return self.module(value)
         tensors = as_tensors(value, self._input_name)
