@@ -75,9 +75,7 @@ def spec_from_plain(plain: Mapping[str, Any] | None) -> ValueSpec | None:
     return ValueSpec(tensors, bool(plain["is_tuple"]))
 
 
-def message(
-    sample: int, tensors: tuple[Tensor, ...] | list[Tensor] | None, predicted: bool = False
-) -> dict[str, Any]:
+def message(sample: int, tensors: tuple[Tensor, ...] | list[Tensor] | None, predicted: bool = False) -> dict[str, Any]:
     """A value in transit (an activation, a gradient, a target) for sample ``sample``, copied;
     ``tensors`` None for a SKIP (a hole going forward, a gradient that will not come back). The
     activation of a sample that is only predicted has ``"predicted": True`` (absent: learnt)."""
