@@ -27,7 +27,8 @@ class Result:
     ``predicted``: the sample was offered to be predicted, not learnt from, in a pipeline that learns
     (``Pipeline.predict``, ``step(x, learn=False)``): it went forward through the weights of its
     ticks, in its place among the learnt samples, and ``output`` is what they gave it; ``loss`` is
-    None, and no stage stepped for it.
+    None, and no stage stepped for it. (One whose input is not finite, under ``nonfinite="skip"``,
+    is ``skipped`` as any other: it never went forward.)
 
     ``offered_at`` is when the sample arrived (a live source's arrival time, or when the pipeline
     was given it) and ``handed_at`` when its result was handed out, in seconds on the stream's

@@ -77,8 +77,9 @@ class Pipeline:
 
     Open it with ``with``; then ``step(x)`` offers one sample and returns the result that left the
     pipeline at that tick, ``stream(xs)`` yields every sample's result in order, and ``flush()``
-    returns those still inside. With ``loss_fn`` and ``optimizer`` it learns online; without them
-    it infers under ``torch.no_grad()``. Each argument is told in full below the list.
+    returns those still inside. With ``loss_fn`` and ``optimizer`` it learns online (``predict(x)``
+    offers a sample that is only predicted, not learnt from); without them it infers under
+    ``torch.no_grad()``. Each argument is told in full below the list.
 
     :param model: the network: an ``nn.Sequential``, cut between its children, or any module whose
         forward torch.fx (or torch.export, on ``sample``) can trace. The pipeline works on a copy.
@@ -927,8 +928,8 @@ class Pipeline:
         raise ValueError(
             f"sample {index} is to be predicted without a target, but it would start the stages, which learn "
             "every boundary's layout, the target's too, from the first sample: give it its target "
-            "(predict(x, y): it is not learnt from, only kept for the result), or start the pipeline "
-            "first with start(sample, y) (or sample= and a first learnt sample)"
+            "(predict(x, y): it is not learnt from, only kept for the result), start the pipeline first "
+            "with start(sample, y), or feed a learnt sample first"
         )
 
     def _due(self) -> int:
