@@ -101,7 +101,7 @@ def test_the_tick_guide_runs(tmp_path):
 
 
 def test_the_learning_guide_runs(tmp_path):
-    assert run_page(DOCS / "guides" / "learning.md", tmp_path) == ["60 float", "60 True", "60 True"]
+    assert run_page(DOCS / "guides" / "learning.md", tmp_path) == ["60 float", "60 True", "60 True", "48 12 12 True"]
 
 
 def test_the_mixed_precision_guide_runs(tmp_path):

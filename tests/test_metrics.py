@@ -159,6 +159,17 @@ def test_a_result_with_no_output_is_counted_not_scored() -> None:
     assert metrics.rows == len(results) - len(unscored)
 
 
+def test_a_predicted_result_is_scored_by_its_target_or_counted_unscored_and_counted_predicted() -> None:
+    metrics = OnlineMetrics(window=4)
+    metrics.update(logits(0), torch.tensor([0]), loss=0.5)  # learnt
+    metrics.update(logits(1), torch.tensor([0]), predicted=True)  # predicted, with a target: scored, no loss
+    metrics.update(logits(1), None, predicted=True)  # predicted, no target: nothing to score
+    assert (metrics.count, metrics.predicted, metrics.unscored, metrics.rows) == (3, 2, 1, 2)
+    assert (metrics.accuracy, metrics.loss, metrics.rolling_loss) == (0.5, 0.5, 0.5)
+    assert metrics.history()["rolling_accuracy"] == [1.0, 0.5, 0.5]
+    assert repr(metrics).startswith("OnlineMetrics(count=3, unscored=1, predicted=2, accuracy=0.5000")
+
+
 def test_update_with_an_output_and_nothing_to_score_it_by_still_raises() -> None:
     metrics = OnlineMetrics()
     with pytest.raises(ValueError, match="got an output but neither"):

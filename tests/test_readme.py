@@ -85,10 +85,11 @@ SPEC_DIFFERENCES = {
     "Learning: loss and backward": "graph-stash, a fourth grad mode, is the default: one forward per sample "
     "(docs/guides/learning.md), and as weight-stash in a stage with normalisation layers; each stage's lr "
     "schedule and gradient clipping (its own norm) act on its own steps; stages before the first that trains take no "
-    "gradient",
+    "gradient; a predicted sample goes forward under no_grad, without a loss, and no stage steps for it",
     "Random and stateful layers": "each module keeps its train/eval mode; the caller's draws are its own "
     "while the stages draw in threads of its process",
     "Live sources (`when_behind`)": "a source that raises gets the results of what it gave, then its error",
+    "Results": "a predicted sample's result has no loss, and says it was predicted",
 }
 SPEC_PENDING: dict[str, str] = {}
 

@@ -5,7 +5,9 @@ it *before* learning from it, so the score is an honest estimate on data not yet
 pipeline's result is exactly that: its output left the last stage before its own gradient was
 applied. Feed every result to ``OnlineMetrics.update``: ``update(r.output, r.target, loss=r.loss)``.
 A result with no output (a sample dropped under ``when_behind="drop"``, or skipped under
-``nonfinite="skip"`` for a non-finite input) is counted and not scored (``unscored``).
+``nonfinite="skip"`` for a non-finite input) is counted and not scored (``unscored``). A predicted
+result (``Pipeline.predict``: a sample not learnt from) has an output and no loss: pass
+``predicted=r.predicted`` too, and it is scored by its target, or, without one, counted unscored.
 
 The target says what is scored: class indices (an integer tensor of the output's shape without its
 last dimension) score accuracy; values (a floating tensor of the output's own shape) score the
@@ -82,7 +84,12 @@ class OnlineMetrics:
     before its own gradient was applied) and its target, and/or its loss.
 
     Every result can be given as it is: one with no output (dropped or skipped: its sample never
-    went forward) counts as a result with nothing to score (``unscored``), and scores nothing.
+    went forward) counts as a result with nothing to score (``unscored``), and scores nothing. A
+    predicted result (``Result.predicted``: its sample went forward and was not learnt from) is
+    given with ``predicted=True``: its output is scored by its target like any, it has no loss (so
+    ``loss`` averages the learnt samples'), and one without a target is counted ``unscored``;
+    ``predicted`` counts them. To score held-out samples apart from the learnt ones, give the
+    predicted results to an ``OnlineMetrics`` of their own.
 
     Accuracy counts rows: an output of logits ``[batch, classes]`` with integer targets ``[batch]``
     scores ``batch`` rows (the predicted class is the argmax over the last dimension); an output
@@ -110,6 +117,7 @@ class OnlineMetrics:
         self.history_size = history_size
         self._count = 0
         self._unscored = 0
+        self._predicted = 0
         self._rows = 0
         self._correct = 0
         self._absolute_total = 0.0
@@ -129,6 +137,8 @@ class OnlineMetrics:
         output: Tensor | None,
         target: Tensor | tuple[Tensor, ...] | None = None,
         loss: float | Tensor | None = None,
+        *,
+        predicted: bool = False,
     ) -> None:
         """Score one result: its ``output`` against ``target`` (if given) and its ``loss`` (if given).
 
@@ -138,18 +148,22 @@ class OnlineMetrics:
         sample never went forward) scores neither, whatever ``target`` is; with no ``loss`` either,
         the result is counted as ``unscored``. ``target`` takes a result's ``target`` as it is, so
         ``update(r.output, r.target, loss=r.loss)`` type-checks; a target of several tensors (a
-        stream's tuple target) is a TypeError, since it has no one score. Raises ValueError for an
-        ``output`` with neither a target nor a loss to score it by, or a ``target`` that is neither
-        kind (naming both shapes and dtypes); nothing is recorded then.
+        stream's tuple target) is a TypeError, since it has no one score. ``predicted`` (pass
+        ``r.predicted``) says the result is of a sample only predicted, not learnt from: it is
+        counted in ``predicted``, and with no target (it has no loss) it is counted ``unscored``.
+        Raises ValueError for an ``output`` with neither a target nor a loss to score it by (unless
+        ``predicted``), or a ``target`` that is neither kind (naming both shapes and dtypes);
+        nothing is recorded then.
         """
         if isinstance(target, tuple):
             raise TypeError(
                 f"update() scores one target tensor, got a tuple of {len(target)}: pass the tensor to "
                 "score (e.g. r.target[0]), or score the loss alone with update(r.output, loss=r.loss)"
             )
-        if output is not None and target is None and loss is None:
+        if output is not None and target is None and loss is None and not predicted:
             raise ValueError(
-                "update() needs a target (to score accuracy or errors) or a loss, or both; got an output but neither"
+                "update() needs a target (to score accuracy or errors) or a loss, or both; got an output but "
+                "neither (for a predicted result, Result.predicted, pass predicted=r.predicted: it is counted unscored)"
             )
         if output is not None and target is not None:
             if tuple(target.shape) == tuple(output.shape) and target.dtype.is_floating_point:
@@ -169,8 +183,9 @@ class OnlineMetrics:
             self._loss_total += value
             self._loss_count += 1
             self._recent_losses.append(value)
-        elif output is None:
+        elif output is None or target is None:
             self._unscored += 1
+        self._predicted += int(predicted)
         self._count += 1
         self._record()
 
@@ -213,8 +228,13 @@ class OnlineMetrics:
     @property
     def unscored(self) -> int:
         """The number of updates with nothing to score: results with no output and no loss
-        (dropped, or skipped for a non-finite input)."""
+        (dropped, or skipped for a non-finite input), and predicted results with no target."""
         return self._unscored
+
+    @property
+    def predicted(self) -> int:
+        """The number of updates of predicted results (``predicted=True``: samples not learnt from)."""
+        return self._predicted
 
     @property
     def rows(self) -> int:
@@ -281,6 +301,7 @@ class OnlineMetrics:
 
     def __repr__(self) -> str:
         unscored = f", unscored={self.unscored}" if self.unscored else ""
+        unscored += f", predicted={self.predicted}" if self.predicted else ""
         errors = f", mae={self.mae:.4g}, mse={self.mse:.4g}" if self.elements else ""
         return (
             f"OnlineMetrics(count={self.count}{unscored}, accuracy={self.accuracy:.4f}, "

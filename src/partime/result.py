@@ -24,6 +24,12 @@ class Result:
     the sample's target (a copy) when one was given and the sample went in, so that a result can
     be scored on its own.
 
+    ``predicted``: the sample was offered to be predicted, not learnt from, in a pipeline that learns
+    (``Pipeline.predict``, ``step(x, learn=False)``): it went forward through the weights of its
+    ticks, in its place among the learnt samples, and ``output`` is what they gave it; ``loss`` is
+    None, and no stage stepped for it. (One whose input is not finite, under ``nonfinite="skip"``,
+    is ``skipped`` as any other: it never went forward.)
+
     ``offered_at`` is when the sample arrived (a live source's arrival time, or when the pipeline
     was given it) and ``handed_at`` when its result was handed out, in seconds on the stream's
     clock (``partime.sources``: a ``Paced`` source's own, else ``time.monotonic``); NaN for a
@@ -38,6 +44,7 @@ class Result:
     dropped: bool = False
     offered_at: float = math.nan
     handed_at: float = math.nan
+    predicted: bool = False
 
     @property
     def latency(self) -> float:

@@ -152,6 +152,38 @@ def resumed(executor, depth, grad_mode, path):
         return results, [p.detach().clone() for p in pipe.module.parameters()]
 
 
+LEARNT = [not (s % 4 == 2 or s in (5, 6, 15)) for s in range(SAMPLES)]  # the others are only predicted
+STOP_PREDICTING = 16  # predicted activations (15, and 14 at D = 3) and skipped gradients are in transit
+
+
+def predicting(executor, depth, grad_mode):
+    """A stream in which the samples not ``LEARNT`` are only predicted: each result as (index,
+    output, loss, predicted), and the trained weights (rank 0)."""
+    xs, ys = classification_stream(SAMPLES)
+    with partime.Pipeline(mlp(), BALANCES[depth], executor=executor, threads=1, **learning(grad_mode)) as pipe:
+        results = [(r.index, r.output, r.loss, r.predicted) for r in pipe.stream(xs, ys, learn=LEARNT)]
+        return results, [p.detach().clone() for p in pipe.module.parameters()]
+
+
+def predicting_resumed(executor, depth, path):
+    """``predicting`` in ``stash`` mode, stopped after ``STOP_PREDICTING`` steps, saved to ``path``
+    and resumed in a new pipeline."""
+    xs, ys = classification_stream(SAMPLES)
+
+    def steps(pipe, samples):
+        results = [pipe.step(xs[s], ys[s], learn=LEARNT[s]) for s in samples]
+        return [(r.index, r.output, r.loss, r.predicted) for r in results if r is not None]
+
+    with partime.Pipeline(mlp(), BALANCES[depth], executor=executor, threads=1, **learning("stash")) as pipe:
+        results = steps(pipe, range(STOP_PREDICTING))
+        pipe.save(path)
+    with partime.Pipeline(mlp(seed=1), BALANCES[depth], executor=executor, threads=1, **learning("stash")) as pipe:
+        pipe.load(path)
+        results += steps(pipe, range(pipe.fed, SAMPLES))
+        results += [(r.index, r.output, r.loss, r.predicted) for r in pipe.flush()]
+        return results, [p.detach().clone() for p in pipe.module.parameters()]
+
+
 def trace(executor, depth):
     """Steps, two flushes and the weights read between ticks, as the caller sees them."""
     xs, ys = classification_stream(SAMPLES)
@@ -271,6 +303,11 @@ def rank_main(scenario, out):
                 stopped("thread", depth, grad_mode, Path(out, f"{name} thread.pt"))
             seen[f"{name} from inline"] = resumed("distributed", depth, grad_mode, Path(out, f"{name} inline.pt"))
             seen[f"{name} from thread"] = resumed("distributed", depth, grad_mode, Path(out, f"{name} thread.pt"))
+        if rank == 0:
+            torch.save(seen, Path(out, "seen.pt"))
+    elif scenario == "predict":
+        seen = {grad_mode: predicting("distributed", depth, grad_mode) for grad_mode in LEARNING}
+        seen["resumed"] = predicting_resumed("distributed", depth, Path(out, "predicting.pt"))
         if rank == 0:
             torch.save(seen, Path(out, "seen.pt"))
     elif scenario == "endless":  # learns until the test stops it (it kills a rank)
@@ -468,6 +505,38 @@ def test_skipped_samples_match_inline(ranks, grad_mode):
     assert all(torch.equal(p, q) for p, q in zip(params, expected_params, strict=True))
     if grad_mode:
         assert not torch.equal(params[0], next(mlp().parameters()))  # it learnt
+
+
+@pytest.fixture(scope="module", params=[2, 3], ids=["2 ranks", "3 ranks"])
+def predictions(request, tmp_path_factory):
+    """What rank 0 saw of streams with samples only predicted, with ``request.param`` ranks."""
+    depth = request.param
+    out = tmp_path_factory.mktemp(f"predictions{depth}")
+    codes, _, logs = launch(out, depth, "predict")
+    assert codes == [0] * depth, "\n\n".join(logs)
+    return depth, torch.load(Path(out, "seen.pt"), weights_only=False)
+
+
+def assert_same_predictions(a, b):
+    (results_a, params_a), (results_b, params_b) = a, b
+    assert [r[0] for r in results_a] == [r[0] for r in results_b] == list(range(SAMPLES))
+    for (i, out_a, loss_a, predicted_a), (_, out_b, loss_b, predicted_b) in zip(results_a, results_b):
+        assert (loss_a, predicted_a) == (loss_b, predicted_b) and torch.equal(out_a, out_b), i
+    assert all(torch.equal(p, q) for p, q in zip(params_a, params_b, strict=True))
+
+
+@pytest.mark.parametrize("grad_mode", LEARNING)
+def test_predicted_samples_match_inline(predictions, grad_mode):
+    depth, seen = predictions
+    expected = predicting("inline", depth, grad_mode)
+    assert [r[3] for r in expected[0]] == [not learnt for learnt in LEARNT]
+    assert_same_predictions(seen[grad_mode], expected)
+    assert not torch.equal(expected[1][0], next(mlp().parameters()))  # it learnt
+
+
+def test_a_checkpoint_with_predictions_in_flight_resumes_exactly(predictions):
+    depth, seen = predictions
+    assert_same_predictions(seen["resumed"], predicting("inline", depth, "stash"))
 
 
 @pytest.fixture(scope="module", params=[2, 3], ids=["2 ranks", "3 ranks"])

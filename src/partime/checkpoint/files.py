@@ -75,10 +75,14 @@ def spec_from_plain(plain: Mapping[str, Any] | None) -> ValueSpec | None:
     return ValueSpec(tensors, bool(plain["is_tuple"]))
 
 
-def message(sample: int, tensors: tuple[Tensor, ...] | list[Tensor] | None) -> dict[str, Any]:
+def message(sample: int, tensors: tuple[Tensor, ...] | list[Tensor] | None, predicted: bool = False) -> dict[str, Any]:
     """A value in transit (an activation, a gradient, a target) for sample ``sample``, copied;
-    ``tensors`` None for a SKIP (a hole going forward, a gradient that will not come back)."""
-    return {"sample": int(sample), "tensors": None if tensors is None else [t.detach().clone() for t in tensors]}
+    ``tensors`` None for a SKIP (a hole going forward, a gradient that will not come back). The
+    activation of a sample that is only predicted has ``"predicted": True`` (absent: learnt)."""
+    sent = {"sample": int(sample), "tensors": None if tensors is None else [t.detach().clone() for t in tensors]}
+    if predicted:
+        sent["predicted"] = True
+    return sent
 
 
 def to_bytes(value: Any) -> bytes:
@@ -142,6 +146,7 @@ def to_checkpoint(
             "index": r.index,
             "loss": r.loss,
             "skipped": r.skipped,
+            "predicted": r.predicted,
             "output": None if r.output is None else [t.detach().clone() for t in as_tensors(r.output, "output")],
         }
         for r in state.held
@@ -179,6 +184,7 @@ def from_checkpoint(checkpoint: Mapping[str, Any]) -> PipelineState:
                 None if h["output"] is None else rebuild(output, tuple(h["output"])),
                 h["loss"],
                 skipped=h["skipped"],
+                predicted=h.get("predicted", False),  # absent from checkpoints written before predictions
             )
             for h in checkpoint["held"]
         )

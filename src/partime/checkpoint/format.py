@@ -133,6 +133,8 @@ def check_contents(state: Any) -> None:
             )
         previous = index
         _part(result, f"{name}.skipped", lambda v: isinstance(v, bool), "a bool")
+        if "predicted" in result:  # absent from checkpoints written before predictions
+            _part(result, f"{name}.predicted", lambda v: isinstance(v, bool), "a bool")
         _part(result, f"{name}.loss", lambda v: v is None or _is_real(v), "None or a number")
         _part(result, f"{name}.output", _is_tensors, "None or a list of tensors")
 
@@ -283,6 +285,9 @@ def _check_message(value: Any, name: str, next_index: int, tensors: bool = False
         _part(value, f"{name}.tensors", lambda v: v is not None and _is_tensors(v), "a list of tensors")
     else:
         _part(value, f"{name}.tensors", _is_tensors, "None or a list of tensors")
+    if "predicted" in value:  # a predicted sample's activation
+        _part(value, f"{name}.predicted", lambda v: v is True, "True (a predicted sample's value, with tensors)")
+        _part(value, f"{name}.tensors", lambda v: v is not None, "a list of tensors (a predicted sample's value)")
 
 
 def _is_mapping(value: Any) -> bool:

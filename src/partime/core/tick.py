@@ -9,7 +9,10 @@ A tick of stage i has two halves, in this order:
   backward and step, and sends the gradient back. ``Skip`` (a hole: a sample skipped under
   ``nonfinite="skip"``): nothing is computed, a ``Skip`` goes on, and the last stage hands out a
   result without output and, when learning, sends back a ``Skip``: the gradient that will not come.
-  A skipped loss sends back a ``Skip`` too.
+  A skipped loss sends back a ``Skip`` too. A ``Data`` marked ``predicted`` (a sample offered to be
+  predicted, not learnt from) runs forward under ``torch.no_grad()`` keeping nothing for a gradient
+  and goes on marked; the last stage hands out its result with the output and no loss, and, when
+  learning, sends back a ``Skip``: no stage steps for it, and the schedule is the same.
 - **backward half**, when learning, for every stage but the last, when the schedule gives it a
   gradient at this tick (``schedule.backward_sample``): ``Data``: the stage applies it (backward and
   step) and sends the gradient w.r.t. its input back; ``Skip``: it forgets that sample's forward,
@@ -34,10 +37,12 @@ from .stage import Stage
 @dataclass(frozen=True, slots=True)
 class Data:
     """A value for sample ``sample``: an activation (a tensor or a flat tuple of them) going
-    forward, or the gradient w.r.t. one going back."""
+    forward, or the gradient w.r.t. one going back; ``predicted``: an activation of a sample that
+    is only predicted, not learnt from."""
 
     sample: int
     value: Any
+    predicted: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,11 +75,13 @@ def forward_half(stage: Stage, message: Passed, last: bool, target: Callable[[],
         if not last:
             return Forwarded(activation=message)
         return Forwarded(gradient=message if sends else None, result=Result(s, None, skipped=True))
-    out = stage.forward(s, message.value)
+    out = stage.forward(s, message.value, learn=not message.predicted)
     if not last:
-        return Forwarded(activation=Data(s, out))
+        return Forwarded(activation=Data(s, out, message.predicted))
     if not learning:
         return Forwarded(result=Result(s, out))
+    if message.predicted:  # no loss, and the gradient that will not come
+        return Forwarded(gradient=Skip(s) if sends else None, result=Result(s, out, predicted=True))
     learnt = stage.learn(s, target())
     back: Passed | None = None
     if sends:

@@ -10,6 +10,7 @@ The life of an executor::
     ex = SomeExecutor(stages, devices, config, threads, timeout)
     ex.start(layout, warm=inputs)  # once, when a sample has fixed every boundary's layout
     ex.feed(index, x, y)      # offer one sample: the next tick of the current segment
+                              # (learn=False: a sample only predicted, not learnt from)
     ex.next_result()          # the next result in sample order (blocks until it is out)
     ex.end()                  # no more samples in this segment: run the ticks that remain
     ex.sync()                 # every stage has finished every tick offered so far
@@ -165,8 +166,11 @@ class Executor(ABC):
         raise NotImplementedError(f"the {type(self).__name__} cannot take checkpoints")
 
     @abstractmethod
-    def feed(self, index: int, x: Any, y: Any) -> None:
+    def feed(self, index: int, x: Any, y: Any, learn: bool = True) -> None:
         """Offer sample ``index`` (and its target, or None): run the next tick of the segment.
+
+        ``learn`` False (only in a pipeline that learns): the sample goes forward as a predicted one
+        (``tick.Data.predicted``) and is not learnt from; ``y`` is then None (no stage needs it).
 
         ``y`` is the pipeline's own copy of the target, which becomes the result's: an executor may
         hold it as it is (a checkpoint's targets in transit), and hands a stage a copy of its own."""

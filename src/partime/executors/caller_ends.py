@@ -15,7 +15,7 @@ from torch import Tensor
 from ..checkpoint.files import message as transit_message
 from ..core.boundary_values import ValueSpec, as_tensors, rebuild
 from ..result import Result
-from .messages import KIND_DATA, KIND_END, KIND_SKIP, Message
+from .messages import KIND_DATA, KIND_END, KIND_PREDICT, KIND_SKIP, Message
 
 
 class Feeder:
@@ -40,10 +40,13 @@ class Feeder:
             for target in transit["targets"]:
                 self.target(target["sample"], tuple(target["tensors"]), check)
 
-    def feed(self, index: int, x: Any, y: Any, check: Callable[[], None]) -> None:
-        """Send sample ``index`` and its target; ``x`` None is a skipped sample: a hole, sent without a target."""
+    def feed(self, index: int, x: Any, y: Any, check: Callable[[], None], learn: bool = True) -> None:
+        """Send sample ``index`` and its target; ``x`` None is a skipped sample: a hole, sent without
+        a target; ``learn`` False a sample only predicted: a PREDICT, sent without a target."""
         if x is None:
             self.inputs.put(KIND_SKIP, index, check=check)
+        elif not learn:
+            self.inputs.put(KIND_PREDICT, index, as_tensors(x, "sample"), check=check)
         else:
             self.inputs.put(KIND_DATA, index, as_tensors(x, "sample"), check=check)
             if self.targets is not None:
@@ -84,6 +87,8 @@ def result_of(message: Message, output: ValueSpec, learning: bool) -> Result:
     """The ``Result`` a message on the last stage's result link stands for."""
     if not message.tensors:  # a skipped input: it never went forward
         return Result(message.index, None, None, skipped=True)
+    if message.kind == KIND_PREDICT:
+        return Result(message.index, rebuild(output, message.tensors), None, predicted=True)
     return Result(
         message.index,
         rebuild(output, message.tensors),

@@ -140,8 +140,9 @@ class Driver(Executor):
         except Exception as exc:
             raise stage_error(stage.index, None, "resume", exc) from exc
 
-    def feed(self, index: int, x: Any, y: Any) -> None:
-        """Offer sample ``index``; ``x`` None is a skipped sample: a hole, sent without a target."""
+    def feed(self, index: int, x: Any, y: Any, learn: bool = True) -> None:
+        """Offer sample ``index``; ``x`` None is a skipped sample: a hole, sent without a target;
+        ``learn`` False a sample only predicted."""
         if self._segment is None or self._segment[2] is not None:
             # a new segment begins with this sample (or, resumed from a checkpoint, ``fed`` ticks ago)
             fed = self._feeder.fed
@@ -150,7 +151,7 @@ class Driver(Executor):
         # already), beside the stage the caller hosts, which runs it here once it is fed.
         self._fed_at.append((self._offered, index))
         self._offer(1)
-        self._feeder.feed(index, x, y, self._waiting(f"stage 0 to take sample {index}", 0))
+        self._feeder.feed(index, x, y, self._waiting(f"stage 0 to take sample {index}", 0), learn)
         if self._hosted is None:
             return
         if self.decoupled and self.depth > 1 and not self.config.learning:

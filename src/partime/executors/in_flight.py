@@ -18,14 +18,14 @@ from torch import Tensor
 
 from ..checkpoint.files import message as transit_message
 from ..core.stage import Stage
-from .messages import KIND_DATA, KIND_SKIP, Message
+from .messages import KIND_DATA, KIND_PREDICT, KIND_SKIP, Message
 from .worker_loop import Links, Sent
 
 
 def stage_answer(stage: Stage, sent: Sent) -> dict[str, Any]:
     """One stage's part of a checkpoint: its state and what it sent during the tick before it."""
 
-    def value(v: tuple[int, tuple[Tensor, ...] | None] | None) -> dict[str, Any] | None:
+    def value(v: tuple[int, tuple[Tensor, ...] | None, bool] | None) -> dict[str, Any] | None:
         return None if v is None else transit_message(*v)
 
     return {"stage": stage.state_dict(), "activation": value(sent.activation), "gradient": value(sent.gradient)}
@@ -80,13 +80,14 @@ class _Primed:
 def resumed_links(links: Links, activation: dict[str, Any] | None, gradient: dict[str, Any] | None) -> Links:
     """``links`` with the values in transit of a checkpoint (``checkpoint.message`` dicts, or None)
     waiting on them: the activation for this stage's next forward, the gradient for its next product
-    (a value without tensors is a SKIP)."""
+    (a value without tensors is a SKIP; one marked ``predicted`` a PREDICT)."""
 
     def primed(link: Any, value: dict[str, Any] | None) -> Any:
         if value is None:
             return link
         if value["tensors"] is None:
             return _Primed(link, [Message(KIND_SKIP, value["sample"], 0.0, ())])
-        return _Primed(link, [Message(KIND_DATA, value["sample"], 0.0, tuple(value["tensors"]))])
+        kind = KIND_PREDICT if value.get("predicted", False) else KIND_DATA
+        return _Primed(link, [Message(kind, value["sample"], 0.0, tuple(value["tensors"]))])
 
     return replace(links, act_in=primed(links.act_in, activation), grad_in=primed(links.grad_in, gradient))

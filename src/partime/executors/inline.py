@@ -15,7 +15,8 @@ processes take them: so they compute the same to the bit.
 
 What a stage does in a tick is ``tick.forward_half`` and ``tick.backward_half``; this executor
 only orders them and carries their messages (a sample skipped under ``nonfinite="skip"``, fed as
-``x = None``, goes in as a ``tick.Skip``).
+``x = None``, goes in as a ``tick.Skip``; one fed with ``learn=False`` as a ``tick.Data`` marked
+``predicted``).
 
 With ``config.stats`` each stage's two halves are timed as its tick (``stats_record.TickClock``):
 what comes between two of them (the other stages' halves, the caller's own work) is its wait.
@@ -81,9 +82,9 @@ class InlineExecutor(Executor):
             def sent(value: Passed | None) -> dict[str, Any] | None:
                 if value is None:
                     return None
-                return message(
-                    value.sample, None if isinstance(value, Skip) else as_tensors(value.value, "value in transit")
-                )
+                if isinstance(value, Skip):
+                    return message(value.sample, None)
+                return message(value.sample, as_tensors(value.value, "value in transit"), value.predicted)
 
             transit = {
                 "tick": self._tick,
@@ -105,7 +106,7 @@ class InlineExecutor(Executor):
                 return None
             if sent["tensors"] is None:
                 return Skip(sent["sample"])
-            return Data(sent["sample"], rebuild(spec, tuple(sent["tensors"])))
+            return Data(sent["sample"], rebuild(spec, tuple(sent["tensors"])), sent.get("predicted", False))
 
         self._tick = self._fed = transit["tick"]
         self._acts = [value(a, layout.into(i)) for i, a in enumerate(transit["acts"])]
@@ -126,10 +127,12 @@ class InlineExecutor(Executor):
         self._targets = {}
         self._clocks = [TickClock() for _ in range(self.depth)]  # the stages' ticks, timed for their statistics
 
-    def feed(self, index: int, x: Any, y: Any) -> None:
-        """Offer sample ``index`` (``x`` None: a skipped sample, a hole) and run one tick."""
-        self._acts[0] = Skip(index) if x is None else Data(index, _own(x))
-        self._targets[index] = _own(y)
+    def feed(self, index: int, x: Any, y: Any, learn: bool = True) -> None:
+        """Offer sample ``index`` (``x`` None: a skipped sample, a hole; ``learn`` False: only
+        predicted) and run one tick."""
+        self._acts[0] = Skip(index) if x is None else Data(index, _own(x), not learn)
+        if learn:
+            self._targets[index] = _own(y)
         self._fed += 1
         self._run_tick(None)
 
@@ -204,7 +207,7 @@ def _laid_out(message: Passed, spec: ValueSpec) -> Passed:
     it has others), as a link between processes hands it on."""
     if isinstance(message, Skip):
         return message
-    return Data(message.sample, rebuild(spec, as_tensors(message.value, "value")))
+    return Data(message.sample, rebuild(spec, as_tensors(message.value, "value")), message.predicted)
 
 
 def _returning(value: Any) -> Callable[[], Any]:

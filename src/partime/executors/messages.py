@@ -23,6 +23,10 @@ KIND_SKIP = 8
 """Sample ``index`` was skipped (``nonfinite="skip"``): a hole going forward (no tensors), a
 gradient that will not come going back, or a result without learning (its output, if any, and
 loss)."""
+KIND_PREDICT = 10
+"""Sample ``index`` is only predicted, not learnt from (``Pipeline.predict``): its value going
+forward (the same tensors as a DATA), or its result (its output; no loss). Its gradient that will
+not come goes back as a SKIP."""
 
 # -- control: the distributed executor, between rank 0 and rank r ---------------------------------
 

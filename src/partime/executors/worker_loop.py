@@ -6,7 +6,8 @@ and ``backward_sample``) that runs each tick's two halves (``tick.forward_half``
 ``backward_half``: what a stage does is written there, once) between blocking receives and sends
 on its links. A flush is an END message that travels down the activation links and tells each
 stage how many samples the segment has. A ``tick.Skip`` (a sample skipped under
-``nonfinite="skip"``) travels as a SKIP message.
+``nonfinite="skip"``) travels as a SKIP message, a predicted sample's value (``tick.Data.predicted``)
+as a PREDICT.
 
 A link is anything with ``put(kind, index, tensors=(), scalar=0.0, *, check=None)`` and
 ``get(*, check=None) -> Message`` (``shared_memory.Channel`` is one); ``check`` is called while a
@@ -41,7 +42,7 @@ from ..core.stage import Stage
 from ..core.stats_record import StatsRecord, TickClock
 from ..core.tick import backward_half, forward_half
 from ..result import Result
-from .messages import KIND_DATA, KIND_END, KIND_SKIP, Message
+from .messages import KIND_DATA, KIND_END, KIND_PREDICT, KIND_SKIP, Message
 from .waiting import SPIN_S, wait
 
 
@@ -107,12 +108,13 @@ class Where:
 
 @dataclass
 class Sent:
-    """What a stage sent to its neighbours during its last tick, as ``(sample, tensors)``: the
-    values in transit at a tick boundary, which the neighbours take at the next tick. The
-    tensors are None for a SKIP (a hole forward, a gradient that will not come back)."""
+    """What a stage sent to its neighbours during its last tick, as ``(sample, tensors,
+    predicted)``: the values in transit at a tick boundary, which the neighbours take at the next
+    tick. The tensors are None for a SKIP (a hole forward, a gradient that will not come back);
+    ``predicted`` marks a PREDICT."""
 
-    activation: tuple[int, tuple[Tensor, ...] | None] | None = None
-    gradient: tuple[int, tuple[Tensor, ...] | None] | None = None
+    activation: tuple[int, tuple[Tensor, ...] | None, bool] | None = None
+    gradient: tuple[int, tuple[Tensor, ...] | None, bool] | None = None
 
     def note(self, tick: int) -> None:
         """Tick ``tick`` (of its segment) is over: what it sent is in ``activation`` and ``gradient``."""
@@ -269,7 +271,7 @@ def _message(received: Message, spec: ValueSpec) -> tick_rule.Passed:
     """The tick's message that a link's message of layout ``spec`` carries."""
     if received.kind == KIND_SKIP:
         return tick_rule.Skip(received.index)
-    return tick_rule.Data(received.index, rebuild(spec, received.tensors))
+    return tick_rule.Data(received.index, rebuild(spec, received.tensors), received.kind == KIND_PREDICT)
 
 
 def _target(links: Links, check: Callable[[], None], clock: TickClock) -> Any:
@@ -279,21 +281,23 @@ def _target(links: Links, check: Callable[[], None], clock: TickClock) -> Any:
     return rebuild(links.layout.target, clock.get(links.targets, check).tensors)
 
 
-def _put(link: Any, message: tick_rule.Passed, check: Callable[[], None]) -> tuple[int, tuple[Tensor, ...] | None]:
+def _put(
+    link: Any, message: tick_rule.Passed, check: Callable[[], None]
+) -> tuple[int, tuple[Tensor, ...] | None, bool]:
     """Send ``message`` on ``link``; what was sent, as ``Sent`` notes it."""
     if isinstance(message, tick_rule.Skip):
         link.put(KIND_SKIP, message.sample, check=check)
-        return message.sample, None
+        return message.sample, None, False
     tensors = as_tensors(message.value, "value")
-    link.put(KIND_DATA, message.sample, tensors, check=check)
-    return message.sample, tensors
+    link.put(KIND_PREDICT if message.predicted else KIND_DATA, message.sample, tensors, check=check)
+    return message.sample, tensors, message.predicted
 
 
 def _put_result(link: Any, result: Result, check: Callable[[], None]) -> None:
     """Send the last stage's ``result`` to the caller (``result_of`` reads it): a skipped result
-    as a SKIP, with its output and loss if it has them."""
+    as a SKIP, with its output and loss if it has them; a predicted one as a PREDICT."""
     tensors = () if result.output is None else as_tensors(result.output, "output")
-    kind = KIND_SKIP if result.skipped else KIND_DATA
+    kind = KIND_SKIP if result.skipped else KIND_PREDICT if result.predicted else KIND_DATA
     link.put(kind, result.index, tensors, 0.0 if result.loss is None else result.loss, check=check)
 
 

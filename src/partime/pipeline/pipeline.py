@@ -78,8 +78,9 @@ class Pipeline:
 
     Open it with ``with``; then ``step(x)`` offers one sample and returns the result that left the
     pipeline at that tick, ``stream(xs)`` yields every sample's result in order, and ``flush()``
-    returns those still inside. With ``loss_fn`` and ``optimizer`` it learns online; without them
-    it infers under ``torch.no_grad()``. Each argument is told in full below the list.
+    returns those still inside. With ``loss_fn`` and ``optimizer`` it learns online (``predict(x)``
+    offers a sample that is only predicted, not learnt from); without them it infers under
+    ``torch.no_grad()``. Each argument is told in full below the list.
 
     :param model: the network: an ``nn.Sequential``, cut between its children, or any module whose
         forward torch.fx (or torch.export, on ``sample``) can trace. The pipeline works on a copy.
@@ -561,16 +562,46 @@ class Pipeline:
         return self._state.next_index
 
     @on_rank_0()
-    def step(self, x: Any, y: Any = None) -> Result | None:
+    def step(self, x: Any, y: Any = None, *, learn: bool = True) -> Result | None:
         """Offer sample ``x`` (with target ``y`` for a supervised loss) and run one tick.
 
         Returns the result that left the pipeline during this tick, or None while it fills up.
+        ``learn=False`` offers ``x`` to be predicted, not learnt from: see ``predict``.
         """
-        self._caller.claim("step()")
+        return self._step("step()", x, y, learn)
+
+    @on_rank_0()
+    def predict(self, x: Any, y: Any = None) -> Result | None:
+        """Offer sample ``x`` to be predicted and not learnt from (``step(x, y, learn=False)``), and
+        run one tick: river's ``predict_one`` inside a stream that learns.
+
+        As ``step``, it returns the result that left the pipeline during this tick (an earlier
+        sample's, or None while the pipeline fills up); ``x``'s own comes out D - 1 ticks later, in
+        sample order, with ``predicted=True``, its output and no loss. ``x`` takes its tick like any
+        sample: each stage runs it forward under ``torch.no_grad()`` with its weights as they are at
+        that tick (those the learnt samples beside it see; under weight prediction, the weights
+        themselves), in its modules' modes (dropout draws from the stage's stream, BatchNorm in
+        training mode updates its running statistics, as ``with torch.no_grad(): model(x)`` does),
+        and keeps nothing for a gradient; no stage steps for it. At D = 1 that is a plain loop's
+        ``with torch.no_grad(): out = model(x)`` between two learning steps.
+
+        ``y`` may be left out even when the loss takes a target; given, it is not learnt from and
+        no loss is computed: it is the result's ``target``, to score the prediction by (test-then-
+        train on held-out samples: ``partime.metrics.OnlineMetrics``). The very first sample of a
+        pipeline whose loss takes a target, before its stages have started (``start``), needs its
+        target anyway (a ValueError says so): the stages learn the target's layout from it.
+
+        The ticks it runs still carry the gradients of the learnt samples in flight: call it with
+        gradients on, as ``step``. In a pipeline that does not learn, it is ``step(x, y)``.
+        """
+        return self._step("predict()", x, y, False)
+
+    def _step(self, verb: str, x: Any, y: Any, learn: bool) -> Result | None:
+        self._caller.claim(verb)
         try:
             self._check_open()
-            self._check_grad_mode("step()")
-            self._feed(x, y)
+            self._check_grad_mode(verb)
+            self._feed(x, y, learn=_flag("learn", learn))
             return self._take() if self._due() else None
         finally:
             self._caller.release()
@@ -605,7 +636,12 @@ class Pipeline:
 
     @on_rank_0(lambda: iter(()))
     def stream(
-        self, xs: Iterable[Any], ys: Iterable[Any] | None = None, *, when_behind: arrivals.WhenBehind = "wait"
+        self,
+        xs: Iterable[Any],
+        ys: Iterable[Any] | None = None,
+        *,
+        when_behind: arrivals.WhenBehind = "wait",
+        learn: Iterable[bool] | None = None,
     ) -> Iterator[Result]:
         """Every sample of ``xs`` (with the targets ``ys``) through the pipeline, then a flush.
 
@@ -638,12 +674,19 @@ class Pipeline:
 
         A source that raises ends the stream: every sample it gave before has its result first (the
         pipeline is flushed), in order, and then its error is raised.
+
+        ``learn`` (None: every sample is learnt from) gives one bool per item of ``xs``, as ``ys``
+        gives one target: False offers that sample to be predicted, not learnt from (``predict``);
+        its target (in ``ys``, or its pair) may then be None. It may be longer than ``xs`` (an
+        endless pattern, such as ``itertools.cycle([True] * 9 + [False])``).
         """
         self._caller.check_free("stream()")
         reader = arrivals.inbox(xs, when_behind)  # refuses a policy it does not know, at once
-        return self._stream(reader, ys)
+        return self._stream(reader, ys, learn)
 
-    def _stream(self, reader: arrivals.Inbox, ys: Iterable[Any] | None) -> Iterator[Result]:
+    def _stream(
+        self, reader: arrivals.Inbox, ys: Iterable[Any] | None, learn: Iterable[bool] | None = None
+    ) -> Iterator[Result]:
         try:
             self._check_open()
             self._caller.claim("stream()")
@@ -651,14 +694,17 @@ class Pipeline:
             reader.close()
             raise
         try:
-            yield from self._streamed(reader, ys)
+            yield from self._streamed(reader, ys, learn)
         finally:
             self._caller.release()
 
-    def _streamed(self, reader: arrivals.Inbox, ys: Iterable[Any] | None) -> Iterator[Result]:
+    def _streamed(
+        self, reader: arrivals.Inbox, ys: Iterable[Any] | None, learn: Iterable[bool] | None
+    ) -> Iterator[Result]:
         self._clock = reader.clock
         read_ahead = 0 if reader.live else READ_AHEAD
         targets = iter(ys) if ys is not None else None
+        learns = iter(learn) if learn is not None else None
         pairs = ys is None and self._state.supervised is True
         state = self._state
         begun = False
@@ -676,8 +722,10 @@ class Pipeline:
                 for at in found.dropped:
                     if targets is not None and next(targets, _MISSING) is _MISSING:
                         raise ValueError(f"ys ended before xs: there is no target for sample {state.next_index}")
+                    _next_flag(learns, state.next_index)
                     state.drop(at)
                 for item, at in found.kept:
+                    learnt = _next_flag(learns, state.next_index)
                     if pairs:
                         x, y = pair(item, state.next_index)
                     else:
@@ -685,7 +733,7 @@ class Pipeline:
                         y = None if targets is None else next(targets, _MISSING)
                     if y is _MISSING:
                         raise ValueError(f"ys ended before xs: there is no target for sample {state.next_index}")
-                    self._feed(x, y, at)
+                    self._feed(x, y, at, learnt)
                     if not begun:  # the pipeline has started from the first sample: the rest may come
                         reader.begin()
                         begun = True
@@ -901,31 +949,49 @@ class Pipeline:
             self._guard(executor.start, layout, resume)
         return executor
 
-    def _feed(self, x: Any, y: Any, at: float | None = None) -> None:
-        """Offer one sample, which arrived at ``at`` (now, if None): run one tick, without taking its result."""
+    def _feed(self, x: Any, y: Any, at: float | None = None, learn: bool = True) -> None:
+        """Offer one sample, which arrived at ``at`` (now, if None): run one tick, without taking
+        its result; ``learn`` False: to be predicted, not learnt from (in a pipeline that learns)."""
         if at is None:
             at = self._clock.now()
         self._check_open()
         index = self._state.next_index
+        predicted = not learn and self._config.learning  # in a pipeline that does not learn, a step
         try:
             x = self._traced_forward.flat_sample(x)
             self._traced_forward.check_traced_on(x)
-            self._state.check_sample(index, x, y, self._config.learning)
+            self._state.check_sample(index, x, y, self._config.learning, predicted)
             bad = nonfinite(x)
             if bad is not None and self._config.nonfinite == "raise":
                 raise ValueError(f"sample {index} is not finite: {bad}; pass nonfinite='skip' to drop such samples")
+            restart = self._state.ahead and not _started_for(self._state.layout, x, y, predicted)
+            if predicted and y is None and (self._executor is None or restart) and self._state.resume is None:
+                self._check_first_prediction(index)
         except (TypeError, ValueError):
             self._state.next_index += 1  # a refused sample uses up its index (see the class docstring)
             raise
         state = self._state
-        if state.ahead and not _started_for(state.layout, x, y):
+        if restart:
             log.info("sample %d does not fit the layout the stages started from: they start again from it", index)
             self._stop_executor()
         executor = self._running(x, state.y_spec)
         y = copy_tensors(y)  # the pipeline's own copy: the result's target, held by executors in transit
         # a skipped sample goes in as a hole (None): the stages compute nothing on it
-        self._guard(executor.feed, index, None if bad is not None else x, y)
+        # a predicted sample's target stays here, for its result: no stage takes it
+        self._guard(executor.feed, index, None if bad is not None else x, None if predicted else y, not predicted)
         self._state.fed(index, y, at)
+
+    def _check_first_prediction(self, index: int) -> None:
+        """A ValueError if sample ``index``, to be predicted without a target, would start stages
+        that learn with a target: they learn the target's layout from the sample they start from."""
+        if self._state.supervised is False:
+            return
+        raise ValueError(
+            f"sample {index} is to be predicted without a target, but it would start the stages, which learn "
+            "every boundary's layout, the target's too, from the first sample: give it its target "
+            "(predict(x, y): it is not learnt from, only kept for the result), start the pipeline first "
+            "with start(sample, y), or feed a learnt sample first"
+        )
 
     def _due(self) -> int:
         """How many results have left the pipeline and not been handed out."""
@@ -1015,10 +1081,23 @@ def _flag(name: str, value: Any) -> bool:
     return value
 
 
-def _started_for(layout: Layout | None, x: Any, y: Any) -> bool:
-    """Whether stages started with ``layout`` take sample ``x`` with target ``y`` (None: none)."""
+def _started_for(layout: Layout | None, x: Any, y: Any, predicted: bool = False) -> bool:
+    """Whether stages started with ``layout`` take sample ``x`` with target ``y`` (None: none; a
+    ``predicted`` sample's target, which no stage takes, is not asked about)."""
     assert layout is not None, "started stages have a layout"
+    if predicted:
+        return layout.input == spec_of(x, "sample")
     return layout.input == spec_of(x, "sample") and layout.target == (None if y is None else spec_of(y, "target"))
+
+
+def _next_flag(flags: Iterator[Any] | None, index: int) -> bool:
+    """Whether sample ``index`` of a stream is learnt from: the next of ``flags`` (None: every one)."""
+    if flags is None:
+        return True
+    flag = next(flags, _MISSING)
+    if flag is _MISSING:
+        raise ValueError(f"learn ended before xs: there is no flag for sample {index}")
+    return _flag(f"learn's flag for sample {index}", flag)
 
 
 def _zero_loss(output: Any) -> torch.Tensor:

@@ -61,17 +61,17 @@ class PipelineState:
         """How many results have left a pipeline of ``depth`` stages and not been handed out."""
         return max(0, self.in_segment - (depth - 1)) - self.taken
 
-    def check_sample(self, index: int, x: Any, y: Any, learning: bool) -> None:
+    def check_sample(self, index: int, x: Any, y: Any, learning: bool, predicted: bool = False) -> None:
         """A TypeError or ValueError unless sample ``index`` (and its target ``y``, or None) has the
         layout of the first one; the first sample fixes the layouts (and, if the loss does not say,
-        whether samples come with a target)."""
+        whether samples come with a target). A ``predicted`` sample may come without its target."""
         if self.x_spec is None:
             self.x_spec = spec_of(x, f"sample {index}")
         else:
             check_like(x, self.x_spec, f"sample {index}")
-        if self.supervised is None:  # the loss's signature does not say: the first target decides
+        if self.supervised is None and (y is not None or not predicted):  # the first target decides
             self.supervised = y is not None
-        if self.supervised and y is None:
+        if self.supervised and y is None and not predicted:
             raise ValueError(f"loss_fn takes a target, but sample {index} came without one (pass y= or ys=)")
         if not self.supervised and y is not None:
             what = "this pipeline has no loss" if not learning else "loss_fn takes no target"

@@ -150,11 +150,15 @@ class Stage:
         self.steps = 0  # optimizer steps taken
         self.grad_norm: Tensor | None = None  # the last step's gradient norm, when measured (config.stats, clipping)
 
-    def forward(self, sample: int, value: Any) -> Any:
-        """Run sample ``sample`` forward; returns the output, detached, for the next stage."""
+    def forward(self, sample: int, value: Any, learn: bool = True) -> Any:
+        """Run sample ``sample`` forward; returns the output, detached, for the next stage.
+
+        ``learn`` False (a sample that is only predicted): the forward runs as the module's own call
+        under ``torch.no_grad()``, with the stage's weights as they are (also under weight
+        prediction), its random stream and its modules' modes, and keeps nothing for a gradient."""
         self.phase = "forward"
         value = to_device(value, self.device)
-        if not self.takes_gradient:
+        if not (self.takes_gradient and learn):
             with torch.no_grad(), self._drawing(), self._autocasting():
                 return self._forward(value)
         tensors = as_tensors(value, self._input_name)

@@ -21,7 +21,8 @@ timeout (``LINK_TIMEOUT_S``) fires only on a peer that is alive but stuck.
 A message on a link whose only payload is ``KIND_DATA``'s (activations, gradients, results,
 targets) is one frame of bytes (header and tensors, of a size fixed by the layout), so one send
 per hop; such a link also carries ``KIND_SKIP`` (``nonfinite="skip"``), with the same tensors
-(a result whose loss was skipped) or none (a hole, a gradient that will not come); the ranks call the process group's own ``send``/``recv`` and wait at once, skipping
+(a result whose loss was skipped) or none (a hole, a gradient that will not come), and
+``KIND_PREDICT`` (a predicted sample's value or result), with the same tensors; the ranks call the process group's own ``send``/``recv`` and wait at once, skipping
 ``torch.distributed.send``'s checks. A link that breaks says so through the ``report_loss`` its
 maker gives it: the run's ``Health.lost`` (``ranks.py``), which publishes it to every rank.
 """
@@ -40,7 +41,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from ...core.boundary_values import TensorSpec, in_bytes
-from ..messages import KIND_CLOSE, KIND_DATA, KIND_PING, KIND_SKIP, Message
+from ..messages import KIND_CLOSE, KIND_DATA, KIND_PING, KIND_PREDICT, KIND_SKIP, Message
 from ..waiting import POLL_S, Aborted
 
 PING_S = 2.0
@@ -158,7 +159,7 @@ class RankLink:
         the stage, as it does while it waits. Otherwise ``Aborted``. A send never waits for room;
         while another send holds the wire, ``check`` is asked every ``POLL_S``.
         """
-        specs = self.payload.get(KIND_DATA if self._packed and kind == KIND_SKIP else kind, ())
+        specs = self.payload.get(KIND_DATA if self._packed and kind in (KIND_SKIP, KIND_PREDICT) else kind, ())
         got = tuple(TensorSpec(tuple(t.shape), t.dtype) for t in tensors)
         if got != specs and not (got == () and kind == KIND_SKIP):
             raise ValueError(

@@ -140,8 +140,8 @@ class ThreadExecutor(Driver):
         except TimeoutError as exc:  # a stage's forward drew for longer than the timeout
             raise self._timed_out(f"{exc} (to hand the caller its turn back)", None) from exc
 
-    def feed(self, index: int, x: Any, y: Any) -> None:
-        self._inside(super().feed, index, x, y)
+    def feed(self, index: int, x: Any, y: Any, learn: bool = True) -> None:
+        self._inside(super().feed, index, x, y, learn)
 
     def next_result(self) -> Result:
         return self._inside(super().next_result)
