@@ -26,13 +26,13 @@ BALANCES = {1: [7], 2: [3, 4]}
 N = 12
 
 
-def two_groups(params):
+def two_groups(named):
     """SGD with the weights (2-d) at one lr and the biases at another: a stage has two lrs."""
-    params = list(params)
+    named = list(named)
     return torch.optim.SGD(
         [
-            {"params": [p for p in params if p.dim() > 1], "lr": 0.05},
-            {"params": [p for p in params if p.dim() <= 1], "lr": 0.02},
+            {"params": [p for _, p in named if p.dim() > 1], "lr": 0.05},
+            {"params": [p for _, p in named if p.dim() <= 1], "lr": 0.02},
         ],
         momentum=0.9,
     )
@@ -57,7 +57,7 @@ def pipeline(depth=2, executor="inline", **kw):
 
 def scheduled_lrs(steps):
     """The lrs of ``two_groups`` under ``step_lr`` after ``steps`` steps, as a plain loop has them."""
-    opt = two_groups([nn.Parameter(torch.zeros(2, 2)), nn.Parameter(torch.zeros(2))])
+    opt = two_groups([("w", nn.Parameter(torch.zeros(2, 2))), ("b", nn.Parameter(torch.zeros(2)))])
     scheduler = step_lr(opt)
     for _ in range(steps):
         opt.step()
@@ -68,7 +68,7 @@ def scheduled_lrs(steps):
 @pytest.mark.parametrize("max_grad_norm", [None, 0.05], ids=["unclipped", "clipped"])
 def test_at_depth_one_each_step_s_lrs_and_gradient_norm_are_the_plain_loop_s(max_grad_norm):
     model = mlp()
-    opt = two_groups(model.parameters())
+    opt = two_groups(model.named_parameters())
     scheduler = step_lr(opt)
     with pipeline(1, max_grad_norm=max_grad_norm) as pipe:
         for k, (x, y) in enumerate(zip(XS, YS)):

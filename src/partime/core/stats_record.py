@@ -8,7 +8,9 @@ stage: a read costs microseconds, whatever the stage is doing.
 
 A read is kept whole by a sequence count (a seqlock): the writer makes the count odd before it
 writes and even after; a reader copies the record and takes it if the count was the same even
-number before and after, else copies again (up to ``READ_TRIES`` times, then takes the last copy). On
+number before and after, else copies again (up to ``READ_TRIES`` times: a writer may be paused in
+the middle of a write for as long as the machine keeps it waiting, and a reader does not wait for
+it), then gives the last whole copy it took (the record as it was before, a tick or more old). On
 x86, whose stores are seen in the order they are made, a read is then never torn; on a CPU that
 may reorder stores (ARM) a read may rarely mix two ticks' values of a few fields.
 
@@ -45,7 +47,7 @@ LR_SLOTS = 64
 """The param groups whose lr the record holds (an optimizer with more: the first ones, and a warning)."""
 
 READ_TRIES = 100
-"""How many copies a read takes at most before it settles for the last (see the module)."""
+"""How many copies a read takes at most before it gives the last whole one (see the module)."""
 
 _COUNT, _TICKS, _STEPS, _NORM, _TICK_S, _WAIT_S, _TOTAL_TICK_S, _TOTAL_WAIT_S, _GROUPS, _LRS = range(10)
 
@@ -91,6 +93,7 @@ class StatsRecord:
 
     def _bind(self) -> None:
         self._values = self._cell.numpy()  # element writes through numpy: tens of nanoseconds each
+        self._whole = self._values.copy()  # the last whole copy a read took (at first: as made, before any write)
 
     def __getstate__(self) -> dict[str, Any]:
         return {"cell": self._cell}
@@ -131,9 +134,10 @@ class StatsRecord:
             before = values[_COUNT]
             copy = values.copy()
             if before % 2 == 0 and values[_COUNT] == before:
+                self._whole = copy
                 break
             time.sleep(0)  # let the writer finish
-        fields = copy.tolist()  # Python floats
+        fields = self._whole.tolist()  # Python floats
         norm = fields[_NORM]
         return StageStats(
             stage=index,
