@@ -103,8 +103,8 @@ class TripOptimizer:
     def __init__(self, stage=-1, sample=-1):
         self.stage, self.sample = stage, sample
 
-    def __call__(self, params):
-        params = list(params)
+    def __call__(self, named):
+        params = [p for _, p in named]
         position = params[0].shape[1] - 4  # stage j's linear layer has 4 + j inputs
         return TripSGD(params, self.sample if position == self.stage else None)
 
