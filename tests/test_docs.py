@@ -20,6 +20,7 @@ API_PAGES = {
     "partime.metrics": "metrics",
     "partime.streams": "streams",
     "partime.internals": "internals",
+    "partime.optim": "optim",
 }
 # A block right after this comment is shown, not run (it needs two hosts, torchrun, a camera, or
 # it is a summary of calls); the comment says why.
