@@ -27,10 +27,11 @@ PLAN = [  # (optimizer, stream, configurations beside sequential: (depth, compen
     ("nadam", "digits", [(2, ""), (2, "step-scale"), (4, "")]),
     ("nadam", "camera", BOTH),
     ("nadam", "shuffled", BOTH),
-    ("muon", "camera", [(2, ""), (4, "")]),
+    ("muon", "camera", [(2, ""), (2, "step-scale"), (4, "")]),
     ("nadam", "digits", [(4, "step-scale")]),
-    ("muon", "digits", [(2, ""), (4, "")]),
-    ("muon", "shuffled", [(2, ""), (4, "")]),
+    ("muon", "digits", BOTH),
+    ("muon", "shuffled", BOTH),
+    ("muon", "camera", [(4, "step-scale")]),
 ]
 
 
