@@ -107,12 +107,14 @@ AUTOMATIC = {
     "sgd": ("step-scale", "delay-correction"),
     "momentum": ("step-scale", "optimizer-prediction", "long-momentum"),
     "adam": ("step-scale", "optimizer-prediction", "long-momentum"),
-    "nadam": (),
+    "nadam": ("step-scale",),
     "muon": (),
 }
 """What ``"auto"`` chooses for each kind of optimizer, from ``partime fidelity``'s measurements
 (docs/results/fidelity.md, docs/guides/compensation.md): ``step-scale`` keeps every stream learning at the step size
-that suits sequential learning best, and beside it the rest did best with that optimizer."""
+that suits sequential learning best, and beside it the rest did best with that optimizer. NAdam
+(β1 = 0.99) and Muon were measured with ``step-scale`` and with nothing
+(experiments/learning/optimizers.md); the options that read the optimizer's state do not know them."""
 
 
 def optimizer_kind(optimizer: torch.optim.Optimizer) -> str | None:
