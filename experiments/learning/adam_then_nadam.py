@@ -7,7 +7,7 @@ NAdam with β1 = 0.99 elsewhere, at one step size. Each stream: the pipeline at 
 Adam's grid on seed 0, then at its best on seeds 1 and 2 (as ``partime fidelity --own-step``),
 rows appended to ``rows.jsonl``; sequential Adam and sequential NAdam are in the other sweeps.
 
-    PYTHONPATH=src python experiments/learning/adam_then_nadam.py OUT_DIR [JOBS]
+    PYTHONPATH=src python experiments/learning/adam_then_nadam.py OUT_DIR [JOBS] [STREAMS]
 """
 
 import json
@@ -47,10 +47,10 @@ def run(config, frames):
     return fid.run(config, frames)
 
 
-def main(out: Path, jobs: int) -> None:
+def main(out: Path, jobs: int, streams: list[str]) -> None:
     out.mkdir(parents=True, exist_ok=True)
     log = (out / "rows.jsonl").open("a")
-    for stream in fid.STREAMS:
+    for stream in streams:
         name = f"adam-nadam:{stream}"
         lrs = (3e-4, 1e-3, 3e-3, 1e-2)
         base = fid.Config(stream, 2, "graph-stash", balance=fid.cut(stream, 2), optimizer=name)
@@ -72,4 +72,8 @@ def main(out: Path, jobs: int) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), int(sys.argv[2]) if len(sys.argv) > 2 else 2)
+    main(
+        Path(sys.argv[1]),
+        int(sys.argv[2]) if len(sys.argv) > 2 else 2,
+        sys.argv[3].split(",") if len(sys.argv) > 3 else list(fid.STREAMS),
+    )

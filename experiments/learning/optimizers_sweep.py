@@ -51,7 +51,8 @@ def main(out: Path, jobs: int) -> None:
     def run_all(configs: list[fid.Config], phase: str) -> list[dict]:
         todo = [c for c in configs if key(c) not in done]
         for row in fid.run_all(todo, FRAMES, jobs):
-            log.write(json.dumps(dict(row, phase=phase)) + "\n")
+            row = dict(row, phase=phase)
+            log.write(json.dumps(row) + "\n")
             log.flush()
             done[key(fid.Config(**{k: row[k] for k in asdict(fid.Config("digits", 1))}))] = row
         return [done[key(c)] for c in configs]

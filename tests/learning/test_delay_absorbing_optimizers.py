@@ -78,7 +78,7 @@ def test_each_executor_learns_as_inline(optimizer, depth):
         assert same(piped(depth, executor, optimizer=optimizer), reference), executor
 
 
-@pytest.mark.parametrize(("optimizer", "chosen"), [(nadam, ("step-scale",)), (muon, ())], ids=IDS)
+@pytest.mark.parametrize(("optimizer", "chosen"), [(nadam, ("step-scale",)), (muon, ("step-scale",))], ids=IDS)
 def test_auto_applies_what_measured_best_for_them(optimizer, chosen):
     made = optimizer(conv_net().parameters())
     assert optimizer_kind(made) == optimizer.__name__
@@ -92,7 +92,7 @@ def test_auto_applies_what_measured_best_for_them(optimizer, chosen):
 def test_torch_muon_alone_is_known_to_auto_as_muon():
     made = torch.optim.Muon([nn.Parameter(torch.ones(3, 2))], lr=0.02)
     assert optimizer_kind(made) == "muon"
-    assert chosen_compensation(("auto",), made) == ()
+    assert chosen_compensation(("auto",), made) == ("step-scale",)
 
 
 # -- checkpoints ----------------------------------------------------------------------------------

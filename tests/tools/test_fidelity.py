@@ -23,7 +23,7 @@ GRAPH_STASH = (
     if "graph-stash" in fid.GRAD_MODES
     else dict.fromkeys(fid.OPTIMIZERS, 0)
 )
-# NAdam and Muon: no option that reads the optimizer's state, and "auto" compensates nothing.
+# NAdam and Muon: no option that reads the optimizer's state; "auto" (step-scale) is among those measured.
 BASE = {"sgd": 7, "momentum": 10, "adam": 10, "nadam": 6, "muon": 6}
 PER_DEPTH = {opt: n + GRAPH_STASH[opt] for opt, n in BASE.items()}
 

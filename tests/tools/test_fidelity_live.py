@@ -110,8 +110,7 @@ def test_nadam_and_muon_contend_in_the_live_view(optimizer):
     assert [r["kept"] for r in rows] == [len(drop_schedule(16, 100.0, 0.025)), 16]
     assert all(r["diverged_at"] is None and r["held_out"] is not None for r in rows)
     plain = runs.pipeline_label("sgd").split(" + ")[0]  # the default grad mode
-    added = {"nadam": " + step-scale", "muon": ""}[optimizer]  # what "auto" chooses for them
-    assert rows[1]["label"] == runs.pipeline_label(optimizer) == plain + added
+    assert rows[1]["label"] == runs.pipeline_label(optimizer) == plain + " + step-scale"  # what "auto" chooses
     assert rows[0]["held_out"] != rows[1]["held_out"]
 
 

@@ -108,7 +108,7 @@ AUTOMATIC = {
     "momentum": ("step-scale", "optimizer-prediction", "long-momentum"),
     "adam": ("step-scale", "optimizer-prediction", "long-momentum"),
     "nadam": ("step-scale",),
-    "muon": (),
+    "muon": ("step-scale",),
 }
 """What ``"auto"`` chooses for each kind of optimizer, from ``partime fidelity``'s measurements
 (docs/results/fidelity.md, docs/guides/compensation.md): ``step-scale`` keeps every stream learning at the step size
