@@ -102,7 +102,7 @@ def test_the_tick_guide_runs(tmp_path):
 
 
 def test_the_learning_guide_runs(tmp_path):
-    assert run_page(DOCS / "guides" / "learning.md", tmp_path) == ["60 float", "60 True"]
+    assert run_page(DOCS / "guides" / "learning.md", tmp_path) == ["60 float", "nadam 60", "muon 60", "60 True"]
 
 
 def test_the_mixed_precision_guide_runs(tmp_path):
