@@ -20,6 +20,7 @@ API_PAGES = {
     "partime.metrics": "metrics",
     "partime.streams": "streams",
     "partime.internals": "internals",
+    "partime.optim": "optim",
 }
 # A block right after this comment is shown, not run (it needs two hosts, torchrun, a camera, or
 # it is a summary of calls); the comment says why.
@@ -101,7 +102,8 @@ def test_the_tick_guide_runs(tmp_path):
 
 
 def test_the_learning_guide_runs(tmp_path):
-    assert run_page(DOCS / "guides" / "learning.md", tmp_path) == ["60 float", "60 True", "60 True", "48 12 12 True"]
+    expected = ["60 float", "nadam 60", "muon 60", "60 True", "60 True", "48 12 12 True"]
+    assert run_page(DOCS / "guides" / "learning.md", tmp_path) == expected
 
 
 def test_the_mixed_precision_guide_runs(tmp_path):

@@ -243,7 +243,15 @@ ROOT = PACKAGE.parents[1]
 USERS = (ROOT / "src" / "partime_tools", ROOT / "benchmarks", ROOT / "examples", ROOT / "experiments")
 """The code that uses partime from outside: the tools, the benchmarks, the examples and the experiments."""
 
-API = ("partime", "partime.sources", "partime.metrics", "partime.streams", "partime.video", "partime.checkpoint")
+API = (
+    "partime",
+    "partime.sources",
+    "partime.metrics",
+    "partime.streams",
+    "partime.video",
+    "partime.checkpoint",
+    "partime.optim",
+)
 """The public modules: ``partime`` (its ``__all__``) and the modules a user imports by name."""
 
 SEAM = "partime.internals"

@@ -78,7 +78,10 @@ def test_a_factory_that_a_plain_loop_refuses_is_refused_with_the_parameters_it_w
         "(0.weight (8, 6), 2.weight (3, 8), 2.bias (3,)), failed: ValueError: Muon only supports 2D parameters"
     )
     assert "a plain loop's factory(model.named_parameters()) fails alike" in message
-    assert "steps 2-D weights with Muon and the rest with AdamW" in message
+    assert (
+        "partime.optim.MuonWithAdamW, one optimizer that steps the matrices with Muon and the rest with AdamW"
+        in message
+    )
     assert isinstance(info.value.__cause__, ValueError)
 
 

@@ -8,18 +8,24 @@ import sys
 
 import psutil
 import pytest
+import torch
 from click.testing import CliRunner
 
 from partime.core.stage import config as stage_config
+from partime.optim import MuonWithAdamW
 from partime_tools.cli import main
 from partime_tools.fidelity import runs as fid
 from partime_tools.fidelity import tuning as fidelity_tuning
 
 # What graph-stash adds at each depth, where partime has it: the compensations of stash.
 GRAPH_STASH = (
-    {"sgd": 4, "momentum": 7, "adam": 7} if "graph-stash" in fid.GRAD_MODES else dict.fromkeys(fid.OPTIMIZERS, 0)
+    {"sgd": 4, "momentum": 7, "adam": 7, "nadam": 3, "muon": 3}
+    if "graph-stash" in fid.GRAD_MODES
+    else dict.fromkeys(fid.OPTIMIZERS, 0)
 )
-PER_DEPTH = {opt: n + GRAPH_STASH[opt] for opt, n in {"sgd": 7, "momentum": 10, "adam": 10}.items()}
+# NAdam and Muon: no option that reads the optimizer's state; "auto" (step-scale) is among those measured.
+BASE = {"sgd": 7, "momentum": 10, "adam": 10, "nadam": 6, "muon": 6}
+PER_DEPTH = {opt: n + GRAPH_STASH[opt] for opt, n in BASE.items()}
 
 
 def test_even_balance():
@@ -187,6 +193,37 @@ def test_sequential_is_the_same_run_whatever_the_seed_of_the_others():
     a = fid.run(fid.Config("digits", 1, seed=1), 20)
     b = fid.run(fid.Config("digits", 1, seed=1), 20)
     assert a["accuracy"] == b["accuracy"] and a["loss"] == b["loss"]
+
+
+def test_nadam_and_muon_are_made_as_the_bench_says():
+    params = [torch.nn.Parameter(torch.ones(4, 3)), torch.nn.Parameter(torch.ones(4))]
+    nadam = fid.optimizer_factory("nadam", 3e-3)(params)
+    assert isinstance(nadam, torch.optim.NAdam)
+    group = nadam.param_groups[0]
+    assert (group["lr"], group["betas"], group["decoupled_weight_decay"]) == (3e-3, (0.99, 0.999), True)
+    assert group["momentum_decay"] == 0.004  # torch's default, as AsyncPP runs it
+    muon = fid.optimizer_factory("muon", 1e-3)(params)
+    assert isinstance(muon, MuonWithAdamW) and [g["lr"] for g in muon.param_groups] == [1e-3, 1e-3]
+    assert set(fid.LR_GRID) == set(fid.SMALLER_STEP) == set(fid.LARGER_STEP) == set(fid.OPTIMIZERS)
+    assert set(fid.OPTIMIZER_NAMES) == set(fid.OPTIMIZERS)
+    with pytest.raises(ValueError, match="choose from sgd, momentum, adam, nadam, muon"):
+        fid.optimizer_factory("lion", 1e-3)
+
+
+@pytest.mark.parametrize("optimizer", ["nadam", "muon"])
+def test_nadam_and_muon_learn_every_stream_in_the_bench(optimizer):
+    for stream in ("digits", "camera"):
+        first = fid.run(
+            fid.Config(stream, 2, "graph-stash", seed=1, balance=fid.cut(stream, 2), optimizer=optimizer, lr=3e-3), 16
+        )
+        again = fid.run(
+            fid.Config(stream, 2, "graph-stash", seed=1, balance=fid.cut(stream, 2), optimizer=optimizer, lr=3e-3), 16
+        )
+        assert first["loss"] == again["loss"] and first["diverged_at"] is None
+        plain = fid.run(
+            fid.Config(stream, 2, "graph-stash", seed=1, balance=fid.cut(stream, 2), optimizer="adam", lr=3e-3), 16
+        )
+        assert plain["loss"] != first["loss"]  # the optimizer counts
 
 
 def test_a_diverged_run_is_a_result_not_a_crash():

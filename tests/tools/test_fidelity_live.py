@@ -101,6 +101,19 @@ def test_a_contender_learns_only_the_samples_it_keeps(stream):
     assert pipelined["kept"] == 20 and pipelined["label"].startswith("D=2 ")
 
 
+@pytest.mark.parametrize("optimizer", ["nadam", "muon"])
+def test_nadam_and_muon_contend_in_the_live_view(optimizer):
+    rows = [
+        runs.run(runs.LiveConfig("camera", c, optimizer, 3e-3, 1.5, 100.0, s, (4, 4), seed=1), 16, held_out=4)
+        for c, s in (("plain", 0.025), ("pipeline", 0.005))
+    ]
+    assert [r["kept"] for r in rows] == [len(drop_schedule(16, 100.0, 0.025)), 16]
+    assert all(r["diverged_at"] is None and r["held_out"] is not None for r in rows)
+    plain = runs.pipeline_label("sgd").split(" + ")[0]  # the default grad mode
+    assert rows[1]["label"] == runs.pipeline_label(optimizer) == plain + " + step-scale"  # what "auto" chooses
+    assert rows[0]["held_out"] != rows[1]["held_out"]
+
+
 def test_the_pipeline_learns_with_the_library_defaults():
     import inspect
 

@@ -62,6 +62,8 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from ..optim import MuonWithAdamW
+
 Compensation = Literal[
     "step-scale",
     "delay-correction",
@@ -105,18 +107,27 @@ AUTOMATIC = {
     "sgd": ("step-scale", "delay-correction"),
     "momentum": ("step-scale", "optimizer-prediction", "long-momentum"),
     "adam": ("step-scale", "optimizer-prediction", "long-momentum"),
+    "nadam": ("step-scale",),
+    "muon": ("step-scale",),
 }
 """What ``"auto"`` chooses for each kind of optimizer, from ``partime fidelity``'s measurements
 (docs/results/fidelity.md, docs/guides/compensation.md): ``step-scale`` keeps every stream learning at the step size
-that suits sequential learning best, and beside it the rest did best with that optimizer."""
+that suits sequential learning best, and beside it the rest did best with that optimizer. NAdam
+(β1 = 0.99) and Muon were measured with ``step-scale`` and with nothing
+(experiments/learning/optimizers.md); the options that read the optimizer's state do not know them."""
 
 
 def optimizer_kind(optimizer: torch.optim.Optimizer) -> str | None:
-    """``"sgd"``, ``"momentum"`` or ``"adam"`` (AdamW included); None for any other optimizer."""
+    """``"sgd"``, ``"momentum"``, ``"adam"`` (AdamW included), ``"nadam"`` or ``"muon"``
+    (``torch.optim.Muon``, ``partime.optim.MuonWithAdamW``); None for any other optimizer."""
     if isinstance(optimizer, torch.optim.SGD):
         return "momentum" if any(group["momentum"] for group in optimizer.param_groups) else "sgd"
     if isinstance(optimizer, torch.optim.Adam):
         return "adam"
+    if isinstance(optimizer, torch.optim.NAdam):
+        return "nadam"
+    if isinstance(optimizer, (torch.optim.Muon, MuonWithAdamW)):
+        return "muon"
     return None
 
 

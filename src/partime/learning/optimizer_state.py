@@ -129,8 +129,8 @@ def call_factory(factory: Callable[[Any], Any], params: list[Any], source: str, 
             "its own trainable parameters: make it accept them all, or give those it cannot take to "
             "no optimizer (leave them out of the one it returns: they then do not learn, with a "
             "warning; or set requires_grad=False), or return an optimizer that steps them with "
-            "another rule (e.g. an Optimizer subclass that steps 2-D weights with Muon and the rest "
-            "with AdamW)"
+            "another rule (e.g. partime.optim.MuonWithAdamW, one optimizer that steps the matrices with "
+            "Muon and the rest with AdamW)"
         ) from exc
 
 

@@ -15,7 +15,7 @@ from partime import GRAD_MODES
 from partime.internals import AUTO, AUTOMATIC, OPTIMIZER_STATE_COMPENSATIONS, StageConfig
 
 STREAMS = ("digits", "shuffled", "camera")
-OPTIMIZERS = ("sgd", "momentum", "adam")
+OPTIMIZERS = ("sgd", "momentum", "adam", "nadam", "muon")
 DEFAULT_GRAD_MODE = cast(str, StageConfig.__dataclass_fields__["grad_mode"].default)
 """The grad mode a ``Pipeline`` learns with when none is chosen."""
 DEFAULT = "default"
@@ -42,6 +42,9 @@ COMPENSATIONS = {
     "stash": _STASH,
     "graph-stash": _STASH,
 }
+STATE_READ = ("momentum", "adam")
+"""The optimizers whose state the optimizer-aware compensations read (partime's
+``OPTIMIZER_STATE_COMPENSATIONS``): SGD with momentum, Adam."""
 CUTS = ("fixed", "planned", "even")
 
 FIXED_CUTS: dict[tuple[str, int], tuple[int, ...]] = {
@@ -72,7 +75,7 @@ def compensations(grad_mode: str, optimizer: str) -> tuple[str, ...]:
     names = [
         c
         for c in resolved
-        if optimizer != "sgd" or not any(option in OPTIMIZER_STATE_COMPENSATIONS for option in c.split("+"))
+        if optimizer in STATE_READ or not any(option in OPTIMIZER_STATE_COMPENSATIONS for option in c.split("+"))
     ]
     if grad_mode == DEFAULT_GRAD_MODE:
         names.append(automatic(optimizer))

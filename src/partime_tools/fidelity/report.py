@@ -77,7 +77,13 @@ def _gap(value: float | None, base: float | None, metric: str) -> float | None:
     return 100 * (value - base) / base
 
 
-OPTIMIZER_NAMES = {"sgd": "SGD", "momentum": "SGD with momentum 0.9", "adam": "Adam"}
+OPTIMIZER_NAMES = {
+    "sgd": "SGD",
+    "momentum": "SGD with momentum 0.9",
+    "adam": "Adam",
+    "nadam": "NAdam β1 = 0.99",
+    "muon": "Muon (AdamW for the rest)",
+}
 
 
 def default_label(depth: int, optimizer: str) -> str:

@@ -43,6 +43,7 @@ from torch import Tensor, nn
 from partime import GradMode, Pipeline, StageError, streams
 from partime.internals import plan
 from partime.metrics import OnlineMetrics
+from partime.optim import MuonWithAdamW
 
 from .configs import (
     COMPENSATIONS,
@@ -231,13 +232,19 @@ def run(config: Config, frames: int) -> dict[str, Any]:
 
 
 def optimizer_factory(name: str, lr: float) -> Callable[[Any], torch.optim.Optimizer]:
-    """``params -> optimizer`` for one of ``OPTIMIZERS``: plain SGD, SGD with momentum 0.9, Adam."""
+    """``params -> optimizer`` for one of ``OPTIMIZERS``: plain SGD, SGD with momentum 0.9, Adam,
+    NAdam with β1 = 0.99 and decoupled weight decay (AsyncPP's recipe; no decay by default), Muon
+    for the matrices and AdamW for the rest (``partime.optim.MuonWithAdamW``)."""
     if name == "sgd":
         return lambda params: torch.optim.SGD(params, lr=lr)
     if name == "momentum":
         return lambda params: torch.optim.SGD(params, lr=lr, momentum=0.9)
     if name == "adam":
         return lambda params: torch.optim.Adam(params, lr=lr)
+    if name == "nadam":
+        return lambda params: torch.optim.NAdam(params, lr=lr, betas=(0.99, 0.999), decoupled_weight_decay=True)
+    if name == "muon":
+        return lambda params: MuonWithAdamW(params, lr=lr)
     raise ValueError(f"unknown optimizer {name!r}; choose from {', '.join(OPTIMIZERS)}")
 
 

@@ -30,11 +30,13 @@ LR_GRID = {
     "sgd": (0.03, 0.1, 0.3, 1.0, 3.0),
     "momentum": (0.003, 0.01, 0.03, 0.1, 0.3),
     "adam": (3e-4, 1e-3, 3e-3, 1e-2),
+    "nadam": (1e-3, 3e-3),
+    "muon": (1e-3, 3e-3),
 }
 """The step sizes tried for sequential learning; each stream and optimizer learns with its best."""
-SMALLER_STEP = {"sgd": 0.01, "momentum": 0.001, "adam": 1e-4}
+SMALLER_STEP = {"sgd": 0.01, "momentum": 0.001, "adam": 1e-4, "nadam": 3e-4, "muon": 3e-4}
 """The step below each optimizer's ``LR_GRID`` that ``own_grid`` tries as well."""
-LARGER_STEP = {"sgd": 10.0, "momentum": 1.0, "adam": 3e-2}
+LARGER_STEP = {"sgd": 10.0, "momentum": 1.0, "adam": 3e-2, "nadam": 1e-2, "muon": 1e-2}
 """The step above each optimizer's ``LR_GRID`` that ``own_grid`` tries as well."""
 TUNING_SEED = 0
 """The seed whose runs choose the step size; never a seed that is reported."""
