@@ -230,7 +230,7 @@ def test_a_read_is_never_torn_while_the_record_is_written():
     writer.join()
     assert writer.exitcode == 0
     moving = [s for s in reads if 0 < s.ticks < ticks]
-    assert len(moving) > 100  # read while it was written
+    assert len(moving) > 10  # read while it was written
     torn = [s for s in reads if s.tick_seconds != s.wait_seconds or s.total_tick_seconds != s.total_wait_seconds]
     assert torn == []
     assert all(s.tick_seconds == s.ticks for s in reads)

@@ -2,6 +2,7 @@
 their fx graph; against the model itself, the inline executor and plain online learning."""
 
 import copy
+import traceback
 import functools
 import itertools
 import json
@@ -467,7 +468,7 @@ def test_the_nodes_of_a_long_traced_model_are_listed_shortened():
 def test_the_bench_sweeps_a_traced_resnet(tmp_path):
     args = ["bench", "--sizes", "8", "--samples", "5", "--rounds", "1", "--model", "resnet", "--layers", "2"]
     result = CliRunner().invoke(main, [*args, "--executor", "thread", "--json", str(tmp_path / "rows.json")])
-    assert result.exit_code == 0, result.output
+    assert result.exit_code == 0, result.output + "".join(traceback.format_exception(*result.exc_info or ()))
     rows = json.loads((tmp_path / "rows.json").read_text())
     assert {r["model"] for r in rows} == {"resnet"} and "traced by torch.fx" in result.output
     for mode, classes in (("inference", None), ("learning", 10)):
