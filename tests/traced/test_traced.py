@@ -2,10 +2,10 @@
 their fx graph; against the model itself, the inline executor and plain online learning."""
 
 import copy
-import traceback
 import functools
 import itertools
 import json
+import traceback
 
 import pytest
 import torch
