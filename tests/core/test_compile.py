@@ -10,6 +10,9 @@ them (guards, graphs, saved tensors), without inductor's seconds of code generat
 tests that say ``compile=True`` run inductor itself.
 """
 
+import subprocess
+import sys
+
 import pytest
 import torch
 from models import mlp
@@ -228,3 +231,25 @@ def test_cuda_graphs_are_refused_on_cuda_and_taken_on_the_cpu(options):
         check_no_cuda_graphs({**options, "dynamic": False}, ["cpu", "cuda:0"])
     check_no_cuda_graphs(options, ["cpu", "cpu"])  # inductor replays none on the CPU
     assert partime.Pipeline(mlp(), 2, executor="inline", compile=options).depth == 2
+
+
+LEAK_CHECK = """
+import torch, partime
+from torch import nn
+
+if __name__ == "__main__":
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1), nn.ReLU())
+    xs = torch.randn(6, 1, 3, 12, 12)
+    with partime.Pipeline(model, 2, executor="process", threads=1, compile=True, sample=xs[0]) as pipe:
+        print(len(list(pipe.stream(xs))))
+"""
+
+
+def test_a_stage_process_compiling_with_inductor_leaves_no_semaphore_behind(tmp_path):
+    script = tmp_path / "leak_check.py"
+    script.write_text(LEAK_CHECK)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["6"]
+    assert "leaked" not in done.stderr, done.stderr  # the resource tracker's warning at shutdown

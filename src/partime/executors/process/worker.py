@@ -70,6 +70,12 @@ def work(w: WorkerArgs) -> None:
     code = 0
     try:
         config: StageConfig = cloudpickle.loads(w.config)
+        if config.compile is not None:
+            # inductor's own pool of compiling processes would outlive this process's os._exit
+            # below, its semaphores left to the resource tracker: a stage compiles in its own thread
+            from torch._inductor import config as inductor
+
+            inductor.compile_threads = 1
         stage = Stage(w.links.index, w.module.load(), config)
         links, tick = w.links, 0
         if w.resume is not None:
