@@ -471,6 +471,8 @@ def test_the_bench_sweeps_a_traced_resnet(tmp_path):
     assert result.exit_code == 0, result.output + "".join(traceback.format_exception(*result.exc_info or ()))
     rows = json.loads((tmp_path / "rows.json").read_text())
     assert {r["model"] for r in rows} == {"resnet"} and "traced by torch.fx" in result.output
+    # the Python floor cuts an nn.Sequential: a cut across a shortcut would hand it a tuple
+    assert all(r["floor_left_out"] and "(ResNet) is traced" in r["floor_left_out"] for r in rows)
     for mode, classes in (("inference", None), ("learning", 10)):
         pipe = next(r for r in rows if r["mode"] == mode and r["contender"] == "thread D=2")
         assert len(pipe["balance"]) == 2 and pipe["speedup_vs_seq_1thread"] > 0

@@ -196,7 +196,7 @@ def run_sweep(
                 label = f"{size}x{size} {mode} ({optimizer})"
             clocks = cpu_clocks()
             mine = [c for c in chosen if not (setting.learning and c.inference_only)]
-            floor_left_out = left_out(setting.layers)
+            floor_left_out = left_out(setting.model)  # the model as given: a traced one is left out
             found = _interleaved(setting, mine, rounds, (warmup, blocks), label, report, floor_left_out is None)
             busy = others_busy(clocks, cores)
             found = [
