@@ -22,7 +22,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from ...learning.optimizer_state import described
+from ...learning.optimizer_state import described, trainable
 
 GradMode = Literal["partime", "stash", "weight-stash", "graph-stash"]
 """A grad mode, for a type checker: what ``Pipeline(grad_mode=...)`` takes, the values of ``GRAD_MODES``."""
@@ -90,11 +90,9 @@ def first_trained(stages: Sequence[nn.Module], loss_fn: Any) -> int:
     ``loss_fn`` (a loss module, which learns at the last stage) has some; ``len(stages)`` if
     nothing trains."""
     for index, module in enumerate(stages):
-        if any(p.requires_grad for p in module.parameters()):
+        if trainable(module):
             return index
-    if isinstance(loss_fn, nn.Module) and any(p.requires_grad for p in loss_fn.parameters()):
-        return len(stages) - 1
-    return len(stages)
+    return len(stages) - 1 if trainable(loss_fn) else len(stages)
 
 
 def model_names(stages: Sequence[nn.Module], model: nn.Module) -> tuple[dict[str, str], ...]:
