@@ -40,16 +40,19 @@ OUT = ROOT / "docs" / "results"
 MAX_BYTES = 200_000
 
 
-def _load_tables() -> ModuleType:
-    """``experiments/speed/tables.py``, the bench's tables, loaded from beside its JSON."""
-    spec = importlib.util.spec_from_file_location("speed_tables", SPEED / "tables.py")
+def _load(name: str, path: Path) -> ModuleType:
+    """A script of the experiments, loaded from beside its data."""
+    spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-tables = _load_tables()
+tables = _load("speed_tables", SPEED / "tables.py")
+"""The bench's tables."""
+optimizer_tables = _load("optimizer_tables", LEARNING / "optimizers_table.py")
+"""Every optimizer's best configuration beside the best sequential learner."""
 
 # What made each page's data, where its JSON does not record it.
 VM = "the project's 2-core x86_64 VM without GPU, torch 2.13.0 (CPU build), nothing else running"
@@ -217,6 +220,14 @@ def default_gaps(lines: list[dict[str, Any]]) -> list[str]:
 
 
 FIDELITY = ("own-step-d2-sgd.json", "own-step-d2-momentum-adam.json", "own-step-d4.json")
+OPTIMIZER_SWEEP = LEARNING / "optimizers" / "rows.jsonl"
+"""The rows of ``optimizers_sweep.py``: NAdam and Muon at D = 2, 4 and 8, every optimizer at D = 8."""
+
+
+def optimizer_sweep_rows() -> list[dict[str, Any]]:
+    """The reported runs of ``OPTIMIZER_SWEEP``."""
+    rows = [json.loads(line) for line in OPTIMIZER_SWEEP.read_text().splitlines()]
+    return [row for row in rows if row["phase"] == "reported"]
 
 
 def fidelity_lines() -> list[dict[str, Any]]:
@@ -225,6 +236,7 @@ def fidelity_lines() -> list[dict[str, Any]]:
     for i, name in enumerate(FIDELITY):
         summary = json.loads((LEARNING / name).read_text())["summary"]
         lines += [line for line in summary if line["depth"] == 2 or (i and line["depth"] > 2) or line["depth"] == 1]
+    lines += report.summarise(optimizer_sweep_rows())
     seen: set[tuple[str, str, int]] = set()  # sequential comes once per optimizer and stream: the first run's
     unique = []
     for line in lines:
@@ -235,6 +247,20 @@ def fidelity_lines() -> list[dict[str, Any]]:
     return unique
 
 
+def optimizer_page_section() -> str:
+    """Every optimizer's best configuration at each depth, against the best sequential learner of any optimizer."""
+    results = {**optimizer_tables.REFERENCE, **optimizer_tables.measured(str(OPTIMIZER_SWEEP))}
+    depths = sorted({depth for (_, _, depth) in results if depth > 1})
+    return (
+        "## Which optimizer under delay\n\n"
+        "NAdam and Muon, and every optimizer at D = 8, from `experiments/learning/optimizers_sweep.py`; "
+        "SGD, momentum and Adam at D = 2 and 4 from the runs above and the remedies of "
+        "`experiments/learning/fidelity-own-step.md` (`optimizers_table.py` holds them).\n\n"
+        + "\n\n".join(optimizer_tables.table(results, depth) for depth in depths)
+        + "\n"
+    )
+
+
 def fidelity_page() -> str:
     """What learning with delay costs against sequential learning, each at its own best step size."""
     lines = fidelity_lines()
@@ -242,17 +268,23 @@ def fidelity_page() -> str:
         "# Learning fidelity\n\n"
         f"Data: {SOURCES['fidelity']}; "
         + ", ".join(f"`experiments/learning/{name}`" for name in FIDELITY)
+        + "; NAdam and Muon, and every optimizer at D = 8: `experiments/learning/optimizers_sweep.py` "
+        "(2026-12-04; `experiments/learning/optimizers.md`), `experiments/learning/optimizers/rows.jsonl`"
         + ". Every run goes through the inline executor, so the figures do not depend on the machine. "
         "Each configuration, and sequential learning (D = 1), learns at the step size of its "
         "optimizer's grid that scored best on seed 0, and is reported as the mean over seeds 1 and 2, "
         "3000 samples each, scored test-then-train; the gap is in points of accuracy (digits) or in "
-        "percent of sequential's loss (camera).\n\n" + report.markdown(lines, own_step=True) + "\n## The full sweep\n\n"
+        "percent of sequential's loss (camera).\n\n"
+        + report.markdown(lines, own_step=True)
+        + "\n"
+        + optimizer_page_section()
+        + "\n## The full sweep\n\n"
         "Every grad mode and compensation at D = 2, 4 and 8, at sequential's step size "
         "(`partime fidelity --optimizer sgd,momentum,adam`, 2026-12-01, when the default grad mode was "
         "`stash`; `experiments/learning/fidelity.md`): rolling score over the stream, first seed.\n\n"
         "![rolling score over the stream, first seed](fidelity.png)\n"
         + "\n## Reading\n\n"
-        + "The default's gap to sequential learning at D = 2, then 4, each at its own step size: "
+        + "The default's gap to sequential learning at D = 2, then 4 (and 8 where measured), each at its own step size: "
         + "; ".join(default_gaps(lines))
         + ". Later runs of the camera at fidelity's fixed cuts, and the remedies tried and not kept, are "
         "in `experiments/learning/fidelity-own-step.md` and `experiments/measured-and-not-kept.md`.\n"

@@ -109,4 +109,4 @@ def table(results: dict, depth: int) -> str:
 
 if __name__ == "__main__":
     results = {**REFERENCE, **measured(sys.argv[1])}
-    print(table(results, 2) + "\n\n" + table(results, 4))
+    print("\n\n".join(table(results, depth) for depth in sorted({d for (_, _, d) in results if d > 1})))
