@@ -112,8 +112,8 @@ def markdown(
     """The times per sample (a row per model, optimizer and depth), the comparisons as one table (a
     row per stream, optimizer, rate and depth) and, if given, ``check_real``'s counts, as Markdown."""
     out = [
-        "Seconds per learning sample (the rates are multiples of the plain loop's 1 / time; times: where "
-        "they were measured):",
+        "Seconds per learning sample (the rates are multiples of the plain loop's 1 / time; the last column: "
+        "where the times were measured):",
         "",
         "| model | optimizer | D | plain loop, ms | pipeline, ms | pipeline's cut | times |",
         "|---|---|---|---|---|---|---|",
