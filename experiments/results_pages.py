@@ -71,7 +71,8 @@ SOURCES = {
     "fidelity": "`partime fidelity --own-step --depths 2` (with SGD, and with momentum and Adam) and "
     "`partime fidelity --own-step --depths 4` (2026-12-02; the exact commands are in "
     "`experiments/learning/fidelity-own-step.md`)",
-    "live": "`partime fidelity --live --times live_times.json --jobs 1 --out experiments/learning` (2026-12-04)",
+    "live": "`partime fidelity --live --times live_times.json --jobs 1 --out experiments/learning` (2026-12-04, "
+    "when the live view ran the pipeline at D = 2 only)",
     "soak": "`partime soak --out experiments/soak` (100,000 samples for inference, 20,000 for learning; 2026-12-04)",
 }
 SUMMARIES = {  # full JSON -> the keys its summary keeps

@@ -47,7 +47,11 @@ def _names(value: str, choices: tuple[str, ...], option: str) -> tuple[str, ...]
     help="Seeds reported per configuration (with --own-step: seeds 1 to N; seed 0 chooses the step sizes).",
 )
 @click.option(
-    "--depths", default="2,4,8", show_default=True, callback=whole_numbers("depths", "2,4,8"), help="Pipeline depths D."
+    "--depths",
+    default="2,4,8",
+    show_default=True,
+    callback=whole_numbers("depths", "2,4,8"),
+    help="Pipeline depths D (with --live: a pipeline contends at each, beside the one plain loop).",
 )
 @click.option(
     "--streams",
@@ -61,8 +65,9 @@ def _names(value: str, choices: tuple[str, ...], option: str) -> tuple[str, ...]
     "optimizer_names",
     default="sgd,momentum,adam",
     show_default=True,
-    help="Optimizers, comma-separated: sgd, momentum (0.9), adam. Each learns at the step size of its "
-    "grid that suits sequential learning of each stream best (seed 0).",
+    help="Optimizers, comma-separated: sgd, momentum (0.9), adam, nadam (NAdam with β1 = 0.99 and decoupled "
+    "weight decay), muon (Muon for the matrices, AdamW for the rest: partime.optim.MuonWithAdamW). Each learns "
+    "at the step size of its grid that suits sequential learning of each stream best (seed 0).",
 )
 @click.option(
     "--configs",
@@ -107,8 +112,9 @@ def _names(value: str, choices: tuple[str, ...], option: str) -> tuple[str, ...]
     "--live",
     is_flag=True,
     help="The live view instead: a stream arriving faster than the plain loop learns, the plain loop (which "
-    "drops more) against a D=2 pipeline with its defaults (which learns with delay), each at its own best step "
-    "size (seed 0); writes live.json, live.md and live.png. --depths and --cut do not apply.",
+    "drops more) against a pipeline with its defaults (which learns with delay) at each of --depths, each at its "
+    "own best step size (seed 0); writes live.json, live.md and live.png. --cut does not apply: a pipeline is cut "
+    "as the measured one planned, or with --times at fidelity's fixed cuts (D = 2, 4, 8).",
 )
 @click.option(
     "--rates",
@@ -119,15 +125,17 @@ def _names(value: str, choices: tuple[str, ...], option: str) -> tuple[str, ...]
 @click.option(
     "--times",
     default=None,
-    help="With --live: seconds per learning sample as plain_ms,pipeline_ms for every stream and optimizer, or "
-    "an earlier live.json to take its times from (default: measured first, on this machine).",
+    help="With --live: milliseconds per learning sample for every stream and optimizer, as plain_ms,pipeline_ms "
+    "(the pipeline's at every depth) or plain_ms,pipeline_ms_D1,pipeline_ms_D2,... (one per depth, in the order of "
+    "--depths); or an earlier live.json to take its times and cuts from (a time row without a depth reads as "
+    "D = 2) (default: measured first, on this machine: the plain loop once, a process pipeline at each depth).",
 )
 @click.option(
     "--check-real",
     "real",
     is_flag=True,
-    help="With --live: then play the first stream, optimizer and rate on the real clock to both contenders, "
-    "and count what each kept beside the schedule's prediction.",
+    help="With --live: then play the first stream, optimizer and rate on the real clock to the plain loop and "
+    "the pipeline at each depth, and count what each kept beside the schedule's prediction.",
 )
 def fidelity(
     frames: int,
@@ -158,6 +166,7 @@ def fidelity(
             seeds=seeds,
             stream_names=names,
             optimizers=optimizers,
+            depths=depths,
             rates=rates,
             times=times,
             real=real,

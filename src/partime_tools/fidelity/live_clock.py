@@ -2,10 +2,11 @@
 real live run keeps what the drop schedule says it keeps.
 
 ``measure`` times, on the machine it runs on, the plain loop (forward, loss, backward and
-optimizer step on one torch thread) and a real ``Pipeline(model, DEPTH, executor="process")``
-with its defaults otherwise, both learning on the stream; the live view's runs then take those
-times as given (``fidelity_live_runs``). ``check_real`` plays a stream with
-``partime.sources.at_rate`` on the real clock to both, the pipeline under ``when_behind="drop"``
+optimizer step on one torch thread) once, and a real ``Pipeline(model, D, executor="process")``
+with its defaults otherwise at each depth D, all learning on the stream; the live view's runs then
+take those times as given (``fidelity_live_runs``). A pipeline of more stages than the machine has
+cores shares them, and is timed so: the times are the machine's. ``check_real`` plays a stream
+with ``partime.sources.at_rate`` on the real clock to each, a pipeline under ``when_behind="drop"``
 and the plain loop over ``partime.internals.newest`` (the same rule), and counts what each kept
 beside what ``fidelity_live.drop_schedule`` predicts from the times.
 """
@@ -15,7 +16,7 @@ from __future__ import annotations
 import itertools
 import statistics
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -27,7 +28,7 @@ from partime.internals import newest, torch_threads
 from partime.sources import at_rate
 
 from .live import drop_schedule
-from .live_runs import DEPTH, Times, loss_of, stream_items
+from .live_runs import Times, loss_of, stream_items
 from .models import camera_model, digits_model, model_of, next_frame_error
 from .runs import LR_GRID, optimizer_factory
 
@@ -35,13 +36,16 @@ MEASURED, WARMUP = 300, 50
 """Samples timed, after the warm-up ones."""
 
 
-def measure(model: str, optimizer: str, samples: int = MEASURED, warmup: int = WARMUP) -> tuple[Times, tuple[int, ...]]:
-    """The plain loop's and the ``DEPTH``-stage pipeline's seconds per learning sample with
+def measure(
+    model: str, optimizer: str, depths: Sequence[int], samples: int = MEASURED, warmup: int = WARMUP
+) -> tuple[Times, dict[int, tuple[int, ...]]]:
+    """The plain loop's seconds per learning sample, and the pipeline's at each of ``depths``, with
     ``model`` (``"digits"`` or ``"camera"``) and ``optimizer`` at its smallest step of ``LR_GRID``
     (what it costs does not depend on the step), each the median over ``samples`` samples of its
-    stream after ``warmup``; and the layers per stage the pipeline chose."""
-    items = list(stream_items(model, 0, warmup + samples + DEPTH))
+    stream after ``warmup``; and the layers per stage the pipeline chose at each depth."""
+    items = list(stream_items(model, 0, warmup + samples + max(depths)))
     lr = LR_GRID[optimizer][0]
+    pipeline, balances = {}, {}
     with torch_threads(1):
         torch.manual_seed(0)
         net = camera_model() if model == "camera" else digits_model()
@@ -51,54 +55,61 @@ def measure(model: str, optimizer: str, samples: int = MEASURED, warmup: int = W
             step(item)
             stamps.append(time.perf_counter())
         plain = _median_gap(stamps, warmup, samples)
-        torch.manual_seed(0)
-        net = camera_model() if model == "camera" else digits_model()
-        # The caller only copies samples in and results out: one thread leaves the cores to the stages.
-        with _pipeline(net, model, optimizer, lr) as pipe:
-            stamps = [time.perf_counter()]
-            for _ in pipe.stream(iter(items)):
-                stamps.append(time.perf_counter())
-            balance = pipe.partition.balance if pipe.partition else ()
-        pipeline = _median_gap(stamps, warmup, samples)
-    return Times(plain, pipeline), tuple(balance)
+        for depth in depths:
+            torch.manual_seed(0)
+            net = camera_model() if model == "camera" else digits_model()
+            # The caller only copies samples in and results out: one thread leaves the cores to the stages.
+            with _pipeline(net, depth, model, optimizer, lr) as pipe:
+                stamps = [time.perf_counter()]
+                for _ in pipe.stream(iter(items)):
+                    stamps.append(time.perf_counter())
+                balances[depth] = tuple(pipe.partition.balance if pipe.partition else ())
+            pipeline[depth] = _median_gap(stamps, warmup, samples)
+    return Times(plain, pipeline), balances
 
 
 def check_real(
     stream: str,
     optimizer: str,
-    lrs: dict[str, float],
+    lrs: dict[int, float],
     times: Times,
     rate: float,
     frames: int,
     seed: int = 1,
 ) -> dict[str, Any]:
     """``frames`` samples of ``stream`` (from ``seed``) played at ``rate`` per second on the real
-    clock to the plain loop and to the pipeline, each learning what it takes at its step size of
-    ``lrs`` (by contender); for each, the samples it kept and those ``drop_schedule`` predicts
-    from ``times``. A run whose loss became non-finite stops there (``diverged``)."""
+    clock to the plain loop and to the pipeline at each depth, each learning what it takes at its
+    step size of ``lrs`` (by depth: 1 for the plain loop, and a pipeline at each other depth of
+    ``lrs``); in ``"contenders"``, for each, the samples it kept and those ``drop_schedule``
+    predicts from ``times``. A run whose loss became non-finite stops there (``diverged``)."""
     items = list(stream_items(stream, seed, frames))  # made beforehand: the source must not wait for them
     model = model_of(stream)
     out: dict[str, Any] = dict(stream=stream, optimizer=optimizer, rate=rate, frames=frames, seed=seed)
     with torch_threads(1):
         torch.manual_seed(seed)
         net = camera_model() if model == "camera" else digits_model()
-        step = _plain_step(net, model, optimizer, lrs["plain"])
+        step = _plain_step(net, model, optimizer, lrs[1])
         kept = 0
         for item, _, _ in newest(at_rate(items, rate)):
             step(item)
             kept += 1
-        out["plain"] = dict(kept=kept, predicted=len(drop_schedule(frames, rate, times.plain)), diverged=False)
-        torch.manual_seed(seed)
-        net = camera_model() if model == "camera" else digits_model()
-        kept, diverged = 0, False
-        with _pipeline(net, model, optimizer, lrs["pipeline"]) as pipe:
-            try:
-                kept = sum(not r.dropped for r in pipe.stream(at_rate(items, rate), when_behind="drop"))
-            except StageError as exc:
-                if "not finite" not in exc.message:
-                    raise
-                diverged = True
-        out["pipeline"] = dict(kept=kept, predicted=len(drop_schedule(frames, rate, times.pipeline)), diverged=diverged)
+        predicted = len(drop_schedule(frames, rate, times.plain))
+        out["contenders"] = [dict(contender="plain", depth=1, kept=kept, predicted=predicted, diverged=False)]
+        for depth in (d for d in lrs if d > 1):
+            torch.manual_seed(seed)
+            net = camera_model() if model == "camera" else digits_model()
+            kept, diverged = 0, False
+            with _pipeline(net, depth, model, optimizer, lrs[depth]) as pipe:
+                try:
+                    kept = sum(not r.dropped for r in pipe.stream(at_rate(items, rate), when_behind="drop"))
+                except StageError as exc:
+                    if "not finite" not in exc.message:
+                        raise
+                    diverged = True
+            predicted = len(drop_schedule(frames, rate, times.of("pipeline", depth)))
+            out["contenders"].append(
+                dict(contender="pipeline", depth=depth, kept=kept, predicted=predicted, diverged=diverged)
+            )
     return out
 
 
@@ -115,10 +126,10 @@ def _plain_step(net: nn.Module, model: str, optimizer: str, lr: float) -> Callab
 
 
 @contextmanager
-def _pipeline(net: nn.Module, model: str, optimizer: str, lr: float) -> Iterator[Pipeline]:
-    """A learning ``DEPTH``-stage process pipeline of ``net``, its defaults otherwise."""
+def _pipeline(net: nn.Module, depth: int, model: str, optimizer: str, lr: float) -> Iterator[Pipeline]:
+    """A learning ``depth``-stage process pipeline of ``net``, its defaults otherwise."""
     loss_fn = next_frame_error if model == "camera" else nn.CrossEntropyLoss()
-    with Pipeline(net, DEPTH, executor="process", loss_fn=loss_fn, optimizer=optimizer_factory(optimizer, lr)) as pipe:
+    with Pipeline(net, depth, executor="process", loss_fn=loss_fn, optimizer=optimizer_factory(optimizer, lr)) as pipe:
         yield pipe
 
 

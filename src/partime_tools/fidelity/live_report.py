@@ -1,9 +1,10 @@
-"""What the live view reports: the plain loop against the pipeline on each stream, optimizer and rate.
+"""What the live view reports: the plain loop against the pipeline at each depth on each stream, optimizer and rate.
 
-``summarise`` promises one line per stream, optimizer, rate and contender (means over the
-reported seeds) and ``compare`` one per stream, optimizer and rate, with the pipeline's gap to the
-plain loop; ``markdown`` and ``plot`` show them, ``write`` puts rows, summary, times and plot in a
-folder.
+``summarise`` promises one line per stream, optimizer, rate and contender (the plain loop, the
+pipeline at each depth; means over the reported seeds) and ``compare`` one per stream, optimizer,
+rate and pipeline depth, with that pipeline's gap to the plain loop; ``markdown`` and ``plot`` show
+them, ``write`` puts rows, summary, times and plot in a folder. Comparisons and times written
+before the live view had depths (no ``depth``) read as ``LEGACY_DEPTH``.
 """
 
 from __future__ import annotations
@@ -14,30 +15,36 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .live_runs import CONTENDERS
 from .runs import OPTIMIZER_NAMES
 
 FILES = {"json": "live.json", "markdown": "live.md", "png": "live.png"}
 LINE_STYLES = ("-", "--", ":", "-.")
 """The rolling scores' line style of each rate, in the order of the rates."""
-COLOURS = {"plain": "black", "pipeline": "tab:blue"}
+PLAIN_COLOUR = "black"
+PIPELINE_COLOURS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown")
+"""The pipeline's colour at each depth, the smallest depth first."""
+LEGACY_DEPTH = 2
+"""The pipeline's depth in what the live view wrote before it ran at several depths."""
 
 
 def summarise(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One line per stream, optimizer, rate and contender: its step size, rate, time per sample,
+    """One line per stream, optimizer, rate and contender (the plain loop, and the pipeline at each
+    depth, ``depth``: 1 for the plain loop): its step size, rate, time per sample,
     and the means over seeds of the share of the stream it kept, its test-then-train score over
     what it kept (``score``) and its final model's score on the held-out samples (``held_out``).
     A mean over seeds with a diverged run is None (an accuracy over the kept samples counts the
     samples after a divergence as misses instead)."""
-    groups: dict[tuple[str, str, float, str], list[dict[str, Any]]] = {}
+    groups: dict[tuple[str, str, float, str, int], list[dict[str, Any]]] = {}
     for row in rows:
-        groups.setdefault((row["stream"], row["optimizer"], row["multiple"], row["contender"]), []).append(row)
+        key = (row["stream"], row["optimizer"], row["multiple"], row["contender"], row["depth"])
+        groups.setdefault(key, []).append(row)
     return [
         dict(
             stream=stream,
             optimizer=optimizer,
             multiple=multiple,
             contender=contender,
+            depth=depth,
             label=group[0]["label"],
             lr=group[0]["lr"],
             rate=group[0]["rate"],
@@ -49,21 +56,23 @@ def summarise(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             seeds=len(group),
             diverged=sum(r["diverged_at"] is not None for r in group),
         )
-        for (stream, optimizer, multiple, contender), group in groups.items()
+        for (stream, optimizer, multiple, contender, depth), group in groups.items()
     ]
 
 
 def compare(lines: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """For each stream, optimizer and rate of ``summarise``'s lines with both contenders: both
-    lines, and the pipeline's gap to the plain loop over the kept samples (``gap``) and on the
-    held-out ones (``held_out_gap``): points of accuracy (pipeline minus plain), or percent of the
-    plain loop's loss (positive: the pipeline's is higher); ``better``: the contender whose final
-    model scored better on the held-out samples (None on a tie or without both scores)."""
-    mine = {(x["stream"], x["optimizer"], x["multiple"], x["contender"]): x for x in lines}
+    """For each stream, optimizer, rate and pipeline depth of ``summarise``'s lines with the plain
+    loop beside it: both lines, the depth, and the pipeline's gap to the plain loop over the kept
+    samples (``gap``) and on the held-out ones (``held_out_gap``): points of accuracy (pipeline
+    minus plain), or percent of the plain loop's loss (positive: the pipeline's is higher);
+    ``better``: the contender whose final model scored better on the held-out samples (None on a
+    tie or without both scores). In the order of the lines, the depths of one rate together."""
+    plains = {(x["stream"], x["optimizer"], x["multiple"]): x for x in lines if x["contender"] == "plain"}
     out = []
-    for stream, optimizer, multiple in dict.fromkeys((x["stream"], x["optimizer"], x["multiple"]) for x in lines):
-        plain, pipeline = (mine.get((stream, optimizer, multiple, c)) for c in CONTENDERS)
-        if plain is None or pipeline is None:
+    for pipeline in (x for x in lines if x["contender"] != "plain"):
+        stream, optimizer, multiple = pipeline["stream"], pipeline["optimizer"], pipeline["multiple"]
+        plain = plains.get((stream, optimizer, multiple))
+        if plain is None:
             continue
         metric = plain["metric"]
         held_gap = _gap(pipeline["held_out"], plain["held_out"], metric)
@@ -75,6 +84,7 @@ def compare(lines: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                 stream=stream,
                 optimizer=optimizer,
                 multiple=multiple,
+                depth=pipeline["depth"],
                 metric=metric,
                 plain=plain,
                 pipeline=pipeline,
@@ -99,32 +109,37 @@ def _gap(value: float | None, base: float | None, metric: str) -> float | None:
 def markdown(
     comparisons: Sequence[dict[str, Any]], times: Sequence[dict[str, Any]], check: dict[str, Any] | None = None
 ) -> str:
-    """The times per sample, the comparisons as one table (a row per stream, optimizer and rate)
-    and, if given, ``check_real``'s counts, as Markdown."""
+    """The times per sample (a row per model, optimizer and depth), the comparisons as one table (a
+    row per stream, optimizer, rate and depth) and, if given, ``check_real``'s counts, as Markdown."""
     out = [
-        "Seconds per learning sample (the rates are multiples of the plain loop's 1 / time):",
+        "Seconds per learning sample (the rates are multiples of the plain loop's 1 / time; the last column: "
+        "where the times were measured):",
         "",
-        "| model | optimizer | plain loop, ms | pipeline, ms | pipeline's cut | times |",
-        "|---|---|---|---|---|---|",
+        "| model | optimizer | D | plain loop, ms | pipeline, ms | pipeline's cut | times |",
+        "|---|---|---|---|---|---|---|",
     ]
     for t in times:
         cut = list(t["balance"]) if t.get("balance") else ""
+        depth = t.get("depth", LEGACY_DEPTH)
         out.append(
-            f"| {t['model']} | {t['optimizer']} | {t['plain_ms']:.2f} | {t['pipeline_ms']:.2f} | {cut} | {t['source']} |"
+            f"| {t['model']} | {t['optimizer']} | {depth} | {t['plain_ms']:.2f} | {t['pipeline_ms']:.2f} | {cut} "
+            f"| {t['source']} |"
         )
     if comparisons:
-        labels = ", ".join(dict.fromkeys(c["pipeline"]["label"] for c in comparisons))
+        depths = ", ".join(str(d) for d in sorted({_depth(c) for c in comparisons}))
+        labels = ", ".join(dict.fromkeys(_without_depth(c["pipeline"]["label"]) for c in comparisons))
         out += [
             "",
             (
-                f"Plain loop (D = 1) against the pipeline ({labels}); each cell: plain loop / pipeline. "
-                "Score: test-then-train over the samples each kept; held-out: the final model on the samples after "
-                "the live part, no learning. Gap: pipeline minus plain loop, in points of accuracy, or in percent of "
-                "the plain loop's loss (positive: the pipeline's is higher)."
+                f"Plain loop (D = 1) against the pipeline at D = {depths} with its defaults ({labels}); each "
+                "cell: plain loop / pipeline at the row's D. Score: test-then-train over the samples each kept; "
+                "held-out: the final model on the samples after the live part, no learning. Gap: pipeline minus "
+                "plain loop, in points of accuracy, or in percent of the plain loop's loss (positive: the "
+                "pipeline's is higher)."
             ),
             "",
-            "| stream | optimizer | rate | kept | step size | score | held-out | gap: score, held-out | better |",
-            "|---|---|---|---|---|---|---|---|---|",
+            "| stream | optimizer | rate | D | kept | step size | score | held-out | gap: score, held-out | better |",
+            "|---|---|---|---|---|---|---|---|---|---|",
         ]
     for c in comparisons:
         plain, pipeline = c["plain"], c["pipeline"]
@@ -137,6 +152,7 @@ def markdown(
             c["stream"],
             OPTIMIZER_NAMES.get(c["optimizer"], c["optimizer"]),
             f"{c['multiple']:g}× ({plain['rate']:.0f}/s)",
+            str(_depth(c)),
             f"{100 * plain['kept']:.0f}% / {100 * pipeline['kept']:.0f}%",
             f"{plain['lr']:g} / {pipeline['lr']:g}",
             f"{_score(plain['score'], c['metric'])} / {_score(pipeline['score'], c['metric'])}",
@@ -153,14 +169,24 @@ def markdown(
                 f"({check['optimizer']}, seed {check['seed']}):"
             ),
             "",
-            "| contender | kept | the schedule's prediction |",
-            "|---|---|---|",
+            "| contender | D | kept | the schedule's prediction |",
+            "|---|---|---|---|",
         ]
-        for name in CONTENDERS:
-            got = check[name]
+        for got in check["contenders"]:
             note = " (diverged)" if got["diverged"] else ""
-            out.append(f"| {name} | {got['kept']}{note} | {got['predicted']} |")
+            out.append(f"| {got['contender']} | {got['depth']} | {got['kept']}{note} | {got['predicted']} |")
     return "\n".join(out) + "\n"
+
+
+def _depth(comparison: dict[str, Any]) -> int:
+    """The pipeline's depth of a comparison, written before the live view had depths or after."""
+    return int(comparison.get("depth", LEGACY_DEPTH))
+
+
+def _without_depth(label: str) -> str:
+    """A pipeline's label without its ``D=n`` (``"D=2 stash + step-scale"`` -> ``"stash + step-scale"``)."""
+    head, _, rest = label.partition(" ")
+    return rest if head.startswith("D=") and rest else label
 
 
 def _score(value: float | None, metric: str) -> str:
@@ -177,8 +203,9 @@ def _gap_text(gap: float | None, metric: str) -> str:
 
 def plot(rows: Sequence[dict[str, Any]], path: Path) -> None:
     """Rolling test-then-train accuracy (digits) or loss (camera) against seconds of stream, on the
-    first reported seed: a panel per stream (rows) and optimizer (columns), the plain loop in black
-    and the pipeline in blue, a line style per rate."""
+    first reported seed: a panel per stream (rows) and optimizer (columns), a line per contender
+    and rate: the plain loop in black, the pipeline in a colour per depth (``PIPELINE_COLOURS``),
+    a line style per rate."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -187,6 +214,7 @@ def plot(rows: Sequence[dict[str, Any]], path: Path) -> None:
     streams = list(dict.fromkeys(r["stream"] for r in rows))
     optimizers = list(dict.fromkeys(r["optimizer"] for r in rows))
     multiples = list(dict.fromkeys(r["multiple"] for r in rows))
+    depths = sorted({r["depth"] for r in rows if r["contender"] != "plain"})
     seed = min(r["seed"] for r in rows)
     fig, axes = plt.subplots(
         len(streams),
@@ -200,13 +228,15 @@ def plot(rows: Sequence[dict[str, Any]], path: Path) -> None:
             continue
         ax = axes[streams.index(row["stream"])][optimizers.index(row["optimizer"])]
         seconds, values = zip(*row["history"])
+        plain = row["contender"] == "plain"
         ax.plot(
             seconds,
             values,
-            color=COLOURS[row["contender"]],
+            color=PLAIN_COLOUR if plain else PIPELINE_COLOURS[depths.index(row["depth"]) % len(PIPELINE_COLOURS)],
             linestyle=LINE_STYLES[multiples.index(row["multiple"]) % len(LINE_STYLES)],
-            linewidth=1.5 if row["contender"] == "plain" else 1,
-            label=f"{row['label']}, {row['multiple']:g}× ({100 * row['kept'] / row['frames']:.0f}% kept)",
+            linewidth=1.5 if plain else 1,
+            label=f"{'plain loop' if plain else 'D=' + str(row['depth'])}, {row['multiple']:g}× "
+            f"({100 * row['kept'] / row['frames']:.0f}% kept)",
         )
     for (i, stream), (j, optimizer) in ((a, b) for a in enumerate(streams) for b in enumerate(optimizers)):
         ax = axes[i][j]
@@ -216,7 +246,12 @@ def plot(rows: Sequence[dict[str, Any]], path: Path) -> None:
         if stream == "camera":
             ax.set_yscale("log")
         if ax.lines:
-            ax.legend(fontsize=6)
+            ax.legend(fontsize=6, ncols=2 if len(ax.lines) > 6 else 1)
+    fig.suptitle(
+        f"the plain loop (D = 1) against the pipeline with its defaults at D = {', '.join(map(str, depths))}, "
+        f"seed {seed}",
+        fontsize=10,
+    )
     fig.savefig(path, dpi=90)
     plt.close(fig)
 

@@ -1,11 +1,12 @@
-"""The live view's runs: the plain loop and a D = 2 pipeline learning the part of a live stream each keeps.
+"""The live view's runs: the plain loop and pipelines of each depth learning the part of a live stream each keeps.
 
 A live stream arrives faster than the plain loop (sequential online learning, D = 1) learns from
-it. The plain loop keeps fewer samples and learns from each at once; a ``DEPTH``-stage pipeline
-is faster, so it keeps more, but learns with delay. Each contender keeps what
+it. The plain loop keeps fewer samples and learns from each at once; a D-stage pipeline may be
+faster, so keep more, but learns with delay. The plain loop runs once per stream, optimizer and
+rate; a pipeline contends at each depth asked for, beside it. Each contender keeps what
 ``fidelity_live.drop_schedule`` says it keeps at its time per sample (``Times``) and learns from
 that, test-then-train, through the ``inline`` executor: what it learns does not depend on the
-machine it runs on, only on the times it is given. The pipeline learns as a ``Pipeline`` does
+machine it runs on, only on the times it is given. A pipeline learns as a ``Pipeline`` does
 when nothing is chosen (its default grad mode and compensation); the plain loop is the same
 ``Pipeline`` with one stage.
 
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import inspect
 import itertools
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, replace
 from typing import Any, cast
@@ -38,8 +39,6 @@ from .pool import worker_pool
 from .runs import BATCH, LR_GRID, TUNING_SEED, Config, automatic, optimizer_factory, samples_of
 
 CONTENDERS = ("plain", "pipeline")
-DEPTH = 2
-"""The pipeline's number of stages."""
 HELD_OUT = 500
 """Samples after the live part that score each final model."""
 WINDOW = 500
@@ -48,27 +47,29 @@ WINDOW = 500
 
 @dataclass(frozen=True)
 class Times:
-    """Seconds per sample while learning: the plain loop's, and the pipeline's per tick."""
+    """Seconds per sample while learning: the plain loop's, and the pipeline's per tick at each depth."""
 
     plain: float
-    pipeline: float
+    pipeline: Mapping[int, float]
 
-    def of(self, contender: str) -> float:
-        """The time of ``contender`` (one of ``CONTENDERS``)."""
-        return self.plain if contender == "plain" else self.pipeline
+    def of(self, contender: str, depth: int) -> float:
+        """The time of ``contender`` (one of ``CONTENDERS``); a pipeline's at ``depth`` (a
+        KeyError for a depth it holds no time of)."""
+        return self.plain if contender == "plain" else self.pipeline[depth]
 
 
 TimesTable = dict[tuple[str, str], Times]
 """The ``Times`` of each (model, optimizer): ``model_of(stream)``, one of ``OPTIMIZERS``."""
-Cuts = dict[tuple[str, str], tuple[int, ...]]
-"""The pipeline's layers per stage for each (model, optimizer): those whose ``Times`` were measured."""
+Cuts = dict[tuple[str, str, int], tuple[int, ...]]
+"""The pipeline's layers per stage for each (model, optimizer, depth): those whose ``Times`` were measured."""
 
 
 @dataclass(frozen=True)
 class LiveConfig:
     """One run: ``contender`` learning what it keeps of ``stream`` arriving at ``rate`` samples per
     second (``multiple`` times the plain loop's learning rate), busy ``seconds_per_sample`` with
-    each sample it takes, cut into ``balance`` (layers per stage)."""
+    each sample it takes, cut into ``balance`` (layers per stage: one stage for the plain loop,
+    ``depth`` for a pipeline)."""
 
     stream: str
     contender: str
@@ -81,20 +82,26 @@ class LiveConfig:
     seed: int = TUNING_SEED
 
     @property
+    def depth(self) -> int:
+        """The number of stages: 1 for the plain loop."""
+        return len(self.balance)
+
+    @property
     def label(self) -> str:
-        return "plain loop" if self.contender == "plain" else pipeline_label(self.optimizer)
+        return "plain loop" if self.contender == "plain" else pipeline_label(self.optimizer, self.depth)
 
 
-def pipeline_label(optimizer: str) -> str:
-    """What the pipeline learns with under ``optimizer``: ``Pipeline``'s default grad mode and
-    compensation (``"auto"``: what it chooses for the optimizer), as ``partime fidelity`` labels it."""
+def pipeline_label(optimizer: str, depth: int) -> str:
+    """What the ``depth``-stage pipeline learns with under ``optimizer``: ``Pipeline``'s default
+    grad mode and compensation (``"auto"``: what it chooses for the optimizer), as ``partime
+    fidelity`` labels it."""
     defaults = inspect.signature(Pipeline).parameters
     compensation = defaults["compensation"].default
     if compensation == AUTO:
         names = automatic(optimizer)
     else:
         names = compensation if isinstance(compensation, str) else "+".join(compensation)
-    return Config("digits", DEPTH, defaults["grad_mode"].default, names).label
+    return Config("digits", depth, defaults["grad_mode"].default, names).label
 
 
 def stream_items(stream: str, seed: int, samples: int) -> Iterator[Any]:
@@ -158,7 +165,7 @@ def run(config: LiveConfig, frames: int, held_out: int = HELD_OUT) -> dict[str, 
     return dict(
         asdict(config),
         label=config.label,
-        depth=len(config.balance),
+        depth=config.depth,
         frames=frames,
         seconds=frames / config.rate,
         kept=len(schedule),
@@ -192,37 +199,41 @@ def tuning_configs(
     stream_names: Sequence[str],
     optimizers: Sequence[str],
     multiples: Sequence[float],
+    depths: Sequence[int],
     times: TimesTable,
     cuts: Cuts,
 ) -> list[LiveConfig]:
-    """Each contender on each stream, optimizer and rate at every step size of its grid, on ``TUNING_SEED``."""
+    """Each contender (the plain loop, a pipeline at each of ``depths``) on each stream, optimizer
+    and rate at every step size of its grid, on ``TUNING_SEED``."""
     return [
         replace(config, lr=lr)
-        for config in _contenders(stream_names, optimizers, multiples, times, cuts)
+        for config in _contenders(stream_names, optimizers, multiples, depths, times, cuts)
         for lr in LR_GRID[config.optimizer]
     ]
 
 
-LiveStepSizes = dict[tuple[str, str, float, str], float]
-"""The step size of each (stream, optimizer, multiple, contender)."""
+LiveStepSizes = dict[tuple[str, str, float, str, int], float]
+"""The step size of each (stream, optimizer, multiple, contender, depth): depth 1 for the plain loop."""
 
 
-def _key(row: dict[str, Any]) -> tuple[str, str, float, str]:
-    return (row["stream"], row["optimizer"], row["multiple"], row["contender"])
+def step_key(row: dict[str, Any]) -> tuple[str, str, float, str, int]:
+    """The key of ``LiveStepSizes`` of a run's row."""
+    return (row["stream"], row["optimizer"], row["multiple"], row["contender"], row["depth"])
 
 
 def best_step_sizes(rows: Sequence[dict[str, Any]]) -> LiveStepSizes:
-    """For each stream, optimizer, rate and contender among ``rows``, the step size whose run scored
-    best over the samples it kept (a diverged run never wins): the highest accuracy, or the lowest
-    loss on the camera."""
-    best: dict[tuple[str, str, float, str], tuple[float, float]] = {}
+    """For each stream, optimizer, rate and contender (a pipeline at each depth) among ``rows``,
+    the step size whose run scored best over the samples it kept (a diverged run never wins): the
+    highest accuracy, or the lowest loss on the camera."""
+    best: dict[tuple[str, str, float, str, int], tuple[float, float]] = {}
     for row in rows:
         if row["diverged_at"] is not None or row["score"] is None:
             score = -float("inf")
         else:
             score = -row["score"] if row["metric"] == "loss" else row["score"]
-        if _key(row) not in best or score > best[_key(row)][0]:
-            best[_key(row)] = (score, row["lr"])
+        key = step_key(row)
+        if key not in best or score > best[key][0]:
+            best[key] = (score, row["lr"])
     return {key: lr for key, (_, lr) in best.items()}
 
 
@@ -230,15 +241,17 @@ def configs(
     stream_names: Sequence[str],
     optimizers: Sequence[str],
     multiples: Sequence[float],
+    depths: Sequence[int],
     times: TimesTable,
     cuts: Cuts,
     seeds: Sequence[int],
     step_sizes: LiveStepSizes,
 ) -> list[LiveConfig]:
-    """Each contender on each stream, optimizer and rate at its step size of ``step_sizes``, on each of ``seeds``."""
+    """Each contender (the plain loop, a pipeline at each of ``depths``) on each stream, optimizer
+    and rate at its step size of ``step_sizes``, on each of ``seeds``."""
     return [
-        replace(config, lr=step_sizes[config.stream, config.optimizer, config.multiple, config.contender], seed=seed)
-        for config in _contenders(stream_names, optimizers, multiples, times, cuts)
+        replace(c, lr=step_sizes[c.stream, c.optimizer, c.multiple, c.contender, c.depth], seed=seed)
+        for c in _contenders(stream_names, optimizers, multiples, depths, times, cuts)
         for seed in seeds
     ]
 
@@ -247,23 +260,23 @@ def _contenders(
     stream_names: Sequence[str],
     optimizers: Sequence[str],
     multiples: Sequence[float],
+    depths: Sequence[int],
     times: TimesTable,
     cuts: Cuts,
 ) -> Iterator[LiveConfig]:
-    """Both contenders of each stream, optimizer and rate (``multiple`` times the plain loop's
-    learning rate, 1 / its time per sample), the step size still to choose."""
+    """The contenders of each stream, optimizer and rate (``multiple`` times the plain loop's
+    learning rate, 1 / its time per sample): the plain loop once (every layer in one stage), then
+    the pipeline at each of ``depths`` (cut as ``cuts`` says), the step size still to choose."""
     for stream, optimizer, multiple in itertools.product(stream_names, optimizers, multiples):
         model = model_of(stream)
         measured = times[model, optimizer]
         rate = multiple / measured.plain
-        for contender in CONTENDERS:
-            balance = _balance(contender, cuts[model, optimizer])
-            yield LiveConfig(stream, contender, optimizer, 0.0, multiple, rate, measured.of(contender), balance)
-
-
-def _balance(contender: str, cut: tuple[int, ...]) -> tuple[int, ...]:
-    """The plain loop's one stage (every layer), or the pipeline's ``cut``."""
-    return (sum(cut),) if contender == "plain" else cut
+        layers = sum(cuts[model, optimizer, depths[0]])
+        yield LiveConfig(stream, "plain", optimizer, 0.0, multiple, rate, measured.plain, (layers,))
+        for depth in depths:
+            cut = cuts[model, optimizer, depth]
+            seconds = measured.of("pipeline", depth)
+            yield LiveConfig(stream, "pipeline", optimizer, 0.0, multiple, rate, seconds, cut)
 
 
 def run_all(
