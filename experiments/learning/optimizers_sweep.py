@@ -60,7 +60,7 @@ def main(out: Path, jobs: int) -> None:
     def run_all(configs: list[fid.Config], phase: str) -> list[dict]:
         todo = [c for c in configs if key(c) not in done]
         for row in fid.run_all(todo, FRAMES, jobs):
-            row = dict(row, phase=phase)
+            row = dict(row, phase=phase, history=None)  # the histories would make rows.jsonl megabytes
             log.write(json.dumps(row) + "\n")
             log.flush()
             done[key(fid.Config(**{k: row[k] for k in asdict(fid.Config("digits", 1))}))] = row

@@ -189,6 +189,17 @@ def test_a_tiny_run_writes_json_markdown_and_png(tmp_path):
     assert f"### Adam (step size: digits {best['digits', 'adam']:g}, camera {best['camera', 'adam']:g})" in table
 
 
+def test_rows_kept_without_their_history_still_make_the_report(tmp_path):
+    rows = [
+        fid.run(fid.Config("digits", depth, balance=fid.cut("digits", depth) if depth > 1 else None), 12)
+        for depth in (1, 2)
+    ]
+    kept = [dict(rows[0]), dict(rows[1], history=None)]  # as a sweep keeps its rows, to keep them small
+    paths = fid.write(kept, tmp_path)
+    assert paths["png"].read_bytes()[:4] == b"\x89PNG"
+    assert "D=2 partime" in paths["markdown"].read_text()
+
+
 def test_sequential_is_the_same_run_whatever_the_seed_of_the_others():
     a = fid.run(fid.Config("digits", 1, seed=1), 20)
     b = fid.run(fid.Config("digits", 1, seed=1), 20)

@@ -285,7 +285,7 @@ COMPENSATION_LINES = {
 def plot(rows: Sequence[dict[str, Any]], path: Path) -> None:
     """Rolling test-then-train accuracy (digits) or loss (camera) over the stream, the first seed of
     ``rows``: a row of panels per optimizer and stream, one colour per grad mode, one line style
-    per compensation, sequential in black."""
+    per compensation, sequential in black. Rows kept without their history are left out."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -307,6 +307,7 @@ def plot(rows: Sequence[dict[str, Any]], path: Path) -> None:
         for row in rows:
             if (
                 (row.get("optimizer", "sgd"), row["stream"]) != (opt, stream)
+                or not row.get("history")
                 or row["seed"] != first
                 or row["depth"] not in (1, depth)
             ):
