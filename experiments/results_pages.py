@@ -305,7 +305,10 @@ def live_page() -> str:
     the plain loop, with the times measured here and with the times of the pipelines' bound."""
     measured = json.loads(summary_path("live").read_text())
     bound = json.loads(summary_path("live-bound").read_text())
-    ratios = [t["pipeline_ms"] / t["plain_ms"] for t in measured["times"]]
+    ratios: dict[int, list[float]] = {}
+    for t in measured["times"]:
+        ratios.setdefault(t.get("depth", 2), []).append(t["pipeline_ms"] / t["plain_ms"])
+    spans = ", ".join(f"{min(r):.2f}–{max(r):.2f} at D = {d}" for d, r in sorted(ratios.items()))
     return (
         "# Live view\n\n"
         "A stream arrives at twice the rate the plain loop keeps up with; each learner (the plain loop, "
@@ -326,9 +329,12 @@ def live_page() -> str:
         "![the live view at the bound: rolling score against seconds of stream](live-bound.png)\n\n"
         + live_report.markdown(bound["comparisons"], bound["times"], bound["check_real"])
         + "\n## Reading\n\n"
-        + f"On this machine's two cores and these small models a pipeline's time per learning sample is "
-        f"{min(ratios):.2f}–{max(ratios):.2f} of the plain loop's, so it keeps no more samples than the plain "
-        f"loop: {_wins(measured['comparisons'])}. At the bound, {_wins(bound['comparisons'])}.\n"
+        + "On this machine's two cores and these small models a pipeline's time per learning sample is "
+        f"{spans} of the plain loop's: at D = 2 it keeps about as many samples as the plain loop, deeper "
+        f"ones fewer. On the held-out samples {_wins(measured['comparisons'])}. At the bound, where every "
+        f"pipeline keeps every sample and the plain loop half, {_wins(bound['comparisons'])}: keeping twice "
+        "the samples outweighs the delay at D = 2 on most streams and optimizers, less often at D = 4, "
+        "and at D = 8 mostly on the shuffled control.\n"
     )
 
 
@@ -339,6 +345,7 @@ def _wins(comparisons: list[dict[str, Any]]) -> str:
     for depth in depths:
         mine = [c["better"] for c in comparisons if c.get("depth", 2) == depth]
         parts.append(f"at D = {depth} the pipeline did better in {mine.count('pipeline')} of {len(mine)}")
+    parts[-1] = "and " + parts[-1]
     return ", ".join(parts)
 
 
