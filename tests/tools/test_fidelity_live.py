@@ -193,13 +193,19 @@ def test_given_times_need_a_fixed_cut_at_each_depth(tmp_path):
     assert not (tmp_path / "live.json").exists()
 
 
-def test_a_tiny_live_view_writes_its_table_json_and_plot(tmp_path, monkeypatch):
+def tiny_live_view(tmp_path, monkeypatch, depths: str, times: str) -> dict:
+    """``partime fidelity --live`` on 20 samples of moving digits with SGD at two step sizes, one
+    reported seed, the times given; what it wrote to ``live.json``."""
     monkeypatch.setattr(runs, "LR_GRID", {"sgd": (0.03, 0.1)})
     args = ["fidelity", "--live", "--frames", "20", "--seeds", "1", "--streams", "digits", "--optimizer", "sgd"]
-    args += ["--depths", "2", "--times", "10,6", "--jobs", "1", "--out", str(tmp_path)]
+    args += ["--depths", depths, "--times", times, "--jobs", "1", "--out", str(tmp_path)]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
-    data = json.loads((tmp_path / "live.json").read_text())
+    return json.loads((tmp_path / "live.json").read_text())
+
+
+def test_a_tiny_live_view_writes_its_table_json_and_plot(tmp_path, monkeypatch):
+    data = tiny_live_view(tmp_path, monkeypatch, "2", "10,6")
     assert len(data["tuning"]) == 2 * 2 * 2  # rates x contenders x step sizes
     assert len(data["runs"]) == 2 * 2 and {r["seed"] for r in data["runs"]} == {1}
     rates = {1.5: 150.0, 2.0: 200.0}  # 1.5 and 2 times 1 / 10 ms
@@ -218,12 +224,7 @@ def test_a_tiny_live_view_writes_its_table_json_and_plot(tmp_path, monkeypatch):
 
 
 def test_a_tiny_live_view_at_two_depths_runs_one_plain_loop(tmp_path, monkeypatch):
-    monkeypatch.setattr(runs, "LR_GRID", {"sgd": (0.03, 0.1)})
-    args = ["fidelity", "--live", "--frames", "20", "--seeds", "1", "--streams", "digits", "--optimizer", "sgd"]
-    args += ["--depths", "2,4", "--times", "10,6,8", "--jobs", "1", "--out", str(tmp_path)]
-    result = CliRunner().invoke(main, args)
-    assert result.exit_code == 0, result.output
-    data = json.loads((tmp_path / "live.json").read_text())
+    data = tiny_live_view(tmp_path, monkeypatch, "2,4", "10,6,8")
     contenders = [(r["contender"], r["depth"]) for r in data["runs"]]
     # per rate: the plain loop once, then the pipeline at each depth
     assert contenders == [("plain", 1), ("pipeline", 2), ("pipeline", 4)] * 2
