@@ -48,13 +48,18 @@ def key(config: fid.Config) -> str:
     return json.dumps([config.stream, config.optimizer, config.label, config.lr, config.seed])
 
 
+def row_key(row: dict) -> str:
+    """The ``key`` of the configuration that made ``row``."""
+    return key(fid.Config(**{k: row[k] for k in asdict(fid.Config("digits", 1))}))
+
+
 def main(out: Path, jobs: int) -> None:
     out.mkdir(parents=True, exist_ok=True)
     done = {}
     if (out / "rows.jsonl").exists():
         for line in (out / "rows.jsonl").read_text().splitlines():
             row = json.loads(line)
-            done[key(fid.Config(**{k: row[k] for k in asdict(fid.Config("digits", 1))}))] = row
+            done[row_key(row)] = row
     log = (out / "rows.jsonl").open("a")
 
     def run_all(configs: list[fid.Config], phase: str) -> list[dict]:
@@ -63,7 +68,7 @@ def main(out: Path, jobs: int) -> None:
             row = dict(row, phase=phase, history=None)  # the histories would make rows.jsonl megabytes
             log.write(json.dumps(row) + "\n")
             log.flush()
-            done[key(fid.Config(**{k: row[k] for k in asdict(fid.Config("digits", 1))}))] = row
+            done[row_key(row)] = row
         return [done[key(c)] for c in configs]
 
     for opt, stream, plan in PLAN:

@@ -83,8 +83,7 @@ def parse_times(
             if len(set(plains.values())) > 1:
                 got = ", ".join(f"{ms:g} at D = {d}" for d, ms in plains.items())
                 raise click.BadParameter(
-                    f"{path} gives {m}/{o} more than one plain loop's time ({got} ms): the rates are "
-                    "multiples of one",
+                    f"{path} gives {m}/{o} more than one plain loop's time ({got} ms): the rates are multiples of one",
                     param_hint="--times",
                 )
         return rows

@@ -29,7 +29,7 @@ from partime.sources import at_rate
 
 from .live import drop_schedule
 from .live_runs import Times, loss_of, stream_items
-from .models import camera_model, digits_model, model_of, next_frame_error
+from .models import loss_named, model_named, model_of
 from .runs import LR_GRID, optimizer_factory
 
 MEASURED, WARMUP = 300, 50
@@ -48,7 +48,7 @@ def measure(
     pipeline, balances = {}, {}
     with torch_threads(1):
         torch.manual_seed(0)
-        net = camera_model() if model == "camera" else digits_model()
+        net = model_named(model)
         step = _plain_step(net, model, optimizer, lr)
         stamps = [time.perf_counter()]
         for item in items:
@@ -57,7 +57,7 @@ def measure(
         plain = _median_gap(stamps, warmup, samples)
         for depth in depths:
             torch.manual_seed(0)
-            net = camera_model() if model == "camera" else digits_model()
+            net = model_named(model)
             # The caller only copies samples in and results out: one thread leaves the cores to the stages.
             with _pipeline(net, depth, model, optimizer, lr) as pipe:
                 stamps = [time.perf_counter()]
@@ -87,7 +87,7 @@ def check_real(
     out: dict[str, Any] = dict(stream=stream, optimizer=optimizer, rate=rate, frames=frames, seed=seed)
     with torch_threads(1):
         torch.manual_seed(seed)
-        net = camera_model() if model == "camera" else digits_model()
+        net = model_named(model)
         step = _plain_step(net, model, optimizer, lrs[1])
         kept = 0
         for item, _, _ in newest(at_rate(items, rate)):
@@ -97,7 +97,7 @@ def check_real(
         out["contenders"] = [dict(contender="plain", depth=1, kept=kept, predicted=predicted, diverged=False)]
         for depth in (d for d in lrs if d > 1):
             torch.manual_seed(seed)
-            net = camera_model() if model == "camera" else digits_model()
+            net = model_named(model)
             kept, diverged = 0, False
             with _pipeline(net, depth, model, optimizer, lrs[depth]) as pipe:
                 try:
@@ -128,8 +128,9 @@ def _plain_step(net: nn.Module, model: str, optimizer: str, lr: float) -> Callab
 @contextmanager
 def _pipeline(net: nn.Module, depth: int, model: str, optimizer: str, lr: float) -> Iterator[Pipeline]:
     """A learning ``depth``-stage process pipeline of ``net``, its defaults otherwise."""
-    loss_fn = next_frame_error if model == "camera" else nn.CrossEntropyLoss()
-    with Pipeline(net, depth, executor="process", loss_fn=loss_fn, optimizer=optimizer_factory(optimizer, lr)) as pipe:
+    with Pipeline(
+        net, depth, executor="process", loss_fn=loss_named(model), optimizer=optimizer_factory(optimizer, lr)
+    ) as pipe:
         yield pipe
 
 

@@ -34,7 +34,7 @@ from partime.internals import AUTO
 from partime.metrics import OnlineMetrics
 
 from .live import drop_schedule
-from .models import camera_model, digits_model, model_of, next_frame_error
+from .models import loss_named, model_named, model_of, next_frame_error
 from .pool import worker_pool
 from .runs import BATCH, LR_GRID, TUNING_SEED, Config, automatic, optimizer_factory, samples_of
 
@@ -125,7 +125,7 @@ def run(config: LiveConfig, frames: int, held_out: int = HELD_OUT) -> dict[str, 
     torch.set_num_threads(1)
     torch.manual_seed(config.seed)
     camera = config.stream == "camera"
-    model = camera_model() if camera else digits_model()
+    model = model_named(model_of(config.stream))
     schedule = drop_schedule(frames, config.rate, config.seconds_per_sample)
     went_in = {entry.index for entry in schedule}
     items = stream_items(config.stream, config.seed, frames + held_out)
@@ -139,7 +139,7 @@ def run(config: LiveConfig, frames: int, held_out: int = HELD_OUT) -> dict[str, 
         list(config.balance),
         executor="inline",
         threads=1,
-        loss_fn=next_frame_error if camera else nn.CrossEntropyLoss(),
+        loss_fn=loss_named(model_of(config.stream)),
         optimizer=optimizer_factory(config.optimizer, config.lr),
     ) as pipe:
         try:

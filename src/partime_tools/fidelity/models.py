@@ -7,6 +7,8 @@ even layers per stage.
 
 from __future__ import annotations
 
+from typing import Any
+
 from torch import Tensor, nn
 
 
@@ -61,6 +63,17 @@ def camera_model() -> nn.Sequential:
 def model_of(stream: str) -> str:
     """The model a stream is learnt with: ``"camera"``, or ``"digits"`` (also for the shuffled control)."""
     return "camera" if stream == "camera" else "digits"
+
+
+def model_named(model: str) -> nn.Sequential:
+    """A new model of ``model_of``'s name: ``camera_model()`` for ``"camera"``, else ``digits_model()``."""
+    return camera_model() if model == "camera" else digits_model()
+
+
+def loss_named(model: str) -> Any:
+    """The loss the model of ``model_of``'s name learns with: ``next_frame_error`` for the camera,
+    cross-entropy for the digits."""
+    return next_frame_error if model == "camera" else nn.CrossEntropyLoss()
 
 
 def even_balance(layers: int, depth: int) -> list[int]:

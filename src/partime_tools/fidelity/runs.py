@@ -38,7 +38,7 @@ from dataclasses import asdict
 from typing import Any, cast
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from partime import GradMode, Pipeline, StageError, streams
 from partime.internals import plan
@@ -62,7 +62,7 @@ from .configs import (
     compensations,
     picked,
 )
-from .models import Carry, camera_model, digits_model, even_balance, model_of, next_frame_error
+from .models import Carry, camera_model, digits_model, even_balance, loss_named, model_named, model_of, next_frame_error
 from .pool import worker_pool
 from .report import (
     COMPENSATION_LINES,
@@ -172,8 +172,7 @@ def run(config: Config, frames: int) -> dict[str, Any]:
     torch.set_num_threads(1)
     torch.manual_seed(config.seed)
     camera = config.stream == "camera"
-    model = camera_model() if camera else digits_model()
-    loss_fn = next_frame_error if camera else nn.CrossEntropyLoss()
+    model, loss_fn = model_named(model_of(config.stream)), loss_named(model_of(config.stream))
     optimizer = optimizer_factory(config.optimizer, config.lr)
     xs, ys = samples_of(config, frames)
     targets: list[Tensor] = []
@@ -275,7 +274,7 @@ def cut(stream: str, depth: int, how: str = "fixed") -> tuple[int, ...]:
                 "pass cut 'planned' (--cut planned) or 'even'"
             )
         return FIXED_CUTS[model_name, depth]
-    model = camera_model() if model_name == "camera" else digits_model()
+    model = model_named(model_name)
     if how != "planned":  # even, or fixed at D = 1: the whole model
         return tuple(even_balance(len(model), depth))
     xs, _ = samples_of(Config(stream, depth), 1)
