@@ -307,7 +307,7 @@ def live_page() -> str:
     bound = json.loads(summary_path("live-bound").read_text())
     ratios: dict[int, list[float]] = {}
     for t in measured["times"]:
-        ratios.setdefault(t.get("depth", 2), []).append(t["pipeline_ms"] / t["plain_ms"])
+        ratios.setdefault(t["depth"], []).append(t["pipeline_ms"] / t["plain_ms"])
     spans = ", ".join(f"{min(r):.2f}–{max(r):.2f} at D = {d}" for d, r in sorted(ratios.items()))
     return (
         "# Live view\n\n"
@@ -339,11 +339,11 @@ def live_page() -> str:
 
 
 def _wins(comparisons: list[dict[str, Any]]) -> str:
-    """How many comparisons each contender did better in, at each depth, as text."""
-    depths = sorted({c.get("depth", 2) for c in comparisons})
+    """In how many comparisons the pipeline did better, at each depth, as text."""
+    depths = sorted({c["depth"] for c in comparisons})
     parts = []
     for depth in depths:
-        mine = [c["better"] for c in comparisons if c.get("depth", 2) == depth]
+        mine = [c["better"] for c in comparisons if c["depth"] == depth]
         parts.append(f"at D = {depth} the pipeline did better in {mine.count('pipeline')} of {len(mine)}")
     parts[-1] = "and " + parts[-1]
     return ", ".join(parts)
